@@ -1,0 +1,175 @@
+/*
+ * fa3c: exact attention (FlashAttention-3) for NVIDIA Hopper GPUs and the CPU.
+ *
+ *   O = softmax(Q·Kᵀ·scale + mask)·V,  forward and backward.
+ *
+ * The only public header. Plain C99; needs no CUDA header. All functions are
+ * thread-safe; the detailed error message is kept per thread.
+ *
+ * Tensors are (batch, seqlen, heads, headdim) with strides in ELEMENTS and a
+ * unit stride on headdim, so packed QKV and transposed views work without a
+ * copy. See docs/API.md for the full contract.
+ */
+#ifndef FA3C_H
+#define FA3C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#  define FA3C_API __attribute__((visibility("default")))
+#else
+#  define FA3C_API
+#endif
+
+#define FA3C_VERSION_MAJOR 0
+#define FA3C_VERSION_MINOR 1
+#define FA3C_VERSION_PATCH 0
+/* 10000*major + 100*minor + patch */
+#define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
+
+/* Status codes. Append-only: values never change. */
+typedef enum fa3c_status {
+    FA3C_STATUS_OK = 0,
+    FA3C_STATUS_INVALID_ARGUMENT = 1, /* a parameter is wrong; fa3c_last_error() says which */
+    FA3C_STATUS_NOT_SUPPORTED = 2,    /* valid, but this backend cannot do it (yet) */
+    FA3C_STATUS_OUT_OF_MEMORY = 3,    /* host or device allocation failed */
+    FA3C_STATUS_NO_DEVICE = 4,        /* backend CUDA asked for, but no usable sm_90 GPU */
+    FA3C_STATUS_CUDA_ERROR = 5,       /* the CUDA runtime reported an error */
+    FA3C_STATUS_INTERNAL_ERROR = 6    /* a bug in fa3c: please report it */
+} fa3c_status;
+
+/* Element types. E4M3 is fp8 (OCP e4m3fn: no infinities, max 448), forward only. */
+typedef enum fa3c_dtype {
+    FA3C_DTYPE_FP32 = 0,
+    FA3C_DTYPE_FP16 = 1,
+    FA3C_DTYPE_BF16 = 2,
+    FA3C_DTYPE_E4M3 = 3
+} fa3c_dtype;
+
+/* Where the work runs. AUTO: CUDA when the pointers are device memory and an
+ * sm_90 GPU is there, else CPU. CPU_REFERENCE is the naive float64 oracle. */
+typedef enum fa3c_backend {
+    FA3C_BACKEND_AUTO = 0,
+    FA3C_BACKEND_CPU = 1,
+    FA3C_BACKEND_CUDA = 2,
+    FA3C_BACKEND_CPU_REFERENCE = 3
+} fa3c_backend;
+
+/* A 4-D view (batch, seqlen, heads, headdim). stride[] in elements; stride[3]
+ * must be 1. Strides may be any non-negative values (0 broadcasts).
+ * Variable length (cu_seqlens set): rows of sequence b start at token
+ * cu_seqlens[b]; stride[0] is ignored and stride[1] steps over tokens.
+ * Paged KV (page_table set): k and v are (num_pages, page_size, heads_kv,
+ * headdim), stride[0] steps over pages. */
+typedef struct fa3c_tensor {
+    void *data;
+    int64_t stride[4];
+} fa3c_tensor;
+
+/* The attention problem shared by forward and backward. */
+typedef struct fa3c_problem {
+    fa3c_dtype dtype;      /* of q, k, v (and out, dout, dq, dk, dv; E4M3 in -> BF16 out) */
+    int batch;
+    int seqlen_q;          /* with cu_seqlens_q: the maximum over the batch */
+    int seqlen_k;          /* with cu_seqlens_k / page_table: the maximum over the batch */
+    int heads_q;
+    int heads_kv;          /* heads_q % heads_kv == 0 (GQA / MQA) */
+    int headdim;           /* 8..256, a multiple of 8 */
+    float softmax_scale;   /* 0 means 1/sqrt(headdim) */
+    int causal;            /* bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q */
+    int window_left;       /* sliding window, -1 = unbounded; query i sees keys in */
+    int window_right;      /*   [i + sk - sq - left, i + sk - sq + right] */
+    float softcap;         /* 0 = off; else scores become softcap * tanh(score / softcap) */
+    /* Variable-length batches (NULL = fixed length): batch+1 prefix sums of
+     * the sequence lengths, int32, in the same memory as the tensors. */
+    const int32_t *cu_seqlens_q;
+    const int32_t *cu_seqlens_k;
+    /* Optional (NULL = all): number of keys actually used per sequence (batch
+     * int32), e.g. the filled length of a KV cache. */
+    const int32_t *seqused_k;
+    /* Paged KV cache (NULL = contiguous): page_table[b * page_table_stride + i]
+     * is the page holding keys [i*page_size, (i+1)*page_size) of sequence b. */
+    const int32_t *page_table;
+    int64_t page_table_stride;
+    int page_size;
+    int num_pages;         /* pages in k and v; page_table entries must be < num_pages */
+} fa3c_problem;
+
+typedef struct fa3c_fwd_params {
+    fa3c_problem problem;
+    fa3c_tensor q, k, v;   /* inputs */
+    fa3c_tensor out;       /* output, heads_q heads */
+    /* Optional output (NULL = not written): float32 log-sum-exp of the scaled
+     * scores, natural log, contiguous (batch, heads_q, seqlen_q); with
+     * cu_seqlens_q it is (heads_q, total_q). Fully masked rows get -inf and an
+     * output row of zeros. */
+    float *lse;
+    /* E4M3 only (NULL = 1.0): float32 descale factors of shape (batch, heads_kv),
+     * contiguous: the true value is stored value * descale. */
+    const float *q_descale, *k_descale, *v_descale;
+    int num_splits;        /* split-KV decoding: 0 = auto, 1 = off, n = at most n splits */
+    fa3c_backend backend;
+} fa3c_fwd_params;
+
+typedef struct fa3c_bwd_params {
+    fa3c_problem problem;
+    fa3c_tensor q, k, v, out, dout; /* inputs (out and lse from the forward) */
+    const float *lse;               /* as written by the forward; required */
+    fa3c_tensor dq, dk, dv;         /* outputs; dk, dv have heads_kv heads */
+    int deterministic;              /* 1 = bitwise reproducible run to run */
+    fa3c_backend backend;
+} fa3c_bwd_params;
+
+/* Defaults: dtype BF16, softmax_scale 0 (= 1/sqrt(d)), no mask, windows -1,
+ * no varlen/paging, backend AUTO, everything else zero/NULL. Always start
+ * from these: a zeroed struct means window (0, 0), not "no window". */
+FA3C_API void fa3c_fwd_params_init(fa3c_fwd_params *p);
+FA3C_API void fa3c_bwd_params_init(fa3c_bwd_params *p);
+
+/* Forward: out (and lse) from q, k, v. stream: a cudaStream_t for the CUDA
+ * backend (NULL = default stream), ignored on the CPU. Everything is checked
+ * before any work starts; on error nothing has been written. */
+FA3C_API fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream);
+
+/* Backward: dq, dk, dv from dout and the forward's q, k, v, out, lse. */
+FA3C_API fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream);
+
+/* Validate only: the status fa3c_fwd / fa3c_bwd would return before starting,
+ * without doing any work (backend AUTO resolves as the call would). */
+FA3C_API fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p);
+FA3C_API fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p);
+
+/* A short fixed string for a status ("invalid argument"). Never NULL. */
+FA3C_API const char *fa3c_status_string(fa3c_status s);
+
+/* The detailed message of the last failed call on this thread, e.g.
+ * "k: stride of dim 3 must be 1 (got 2)"; "" after a successful call. */
+FA3C_API const char *fa3c_last_error(void);
+
+/* "0.1.0" */
+FA3C_API const char *fa3c_version(void);
+
+/* 1 when the CUDA backend was compiled in and an sm_90 GPU is usable. */
+FA3C_API int fa3c_cuda_available(void);
+
+/* ---- fp8 and incoherent processing helpers (host, CPU memory) ----------- */
+
+/* float -> e4m3fn byte: round to nearest even, saturating to +-448, NaN -> 0x7f. */
+FA3C_API uint8_t fa3c_float_to_e4m3(float x);
+FA3C_API float fa3c_e4m3_to_float(uint8_t x);
+
+/* In place, n rows of length len (a power of two <= 256, rows contiguous):
+ * x <- x·H/sqrt(len) with H the Sylvester Hadamard matrix, after multiplying
+ * column j by signs[j] (+1/-1; NULL = all +1). Orthogonal, so applying it to
+ * both Q and K leaves Q·Kᵀ unchanged while spreading outliers across the row. */
+FA3C_API fa3c_status fa3c_hadamard_rotate_f32(float *x, int64_t n, int len, const float *signs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FA3C_H */

@@ -1,0 +1,40 @@
+"""fa3c: FlashAttention-3 in C for Hopper GPUs, with a CPU backend.
+
+A ctypes binding over libfa3c's C ABI with the official FA3
+`flash_attn_interface` API:
+
+    import fa3c
+    out = fa3c.flash_attn_func(q, k, v, causal=True)                 # torch or numpy
+    out, lse = fa3c.flash_attn_func(q, k, v, return_attn_probs=True)
+
+torch CUDA tensors run on the CUDA backend on torch's current stream, with
+autograd and torch.compile support (custom ops fa3c::fwd / fa3c::bwd); torch
+CPU tensors and numpy arrays (ml_dtypes for bfloat16 / float8_e4m3fn) run on
+the CPU backend. torch is optional: `import fa3c` needs only numpy.
+
+The library is found through FA3C_LIBRARY=/path/to/libfa3c.so if set, else the
+libfa3c.so installed inside this package.
+"""
+import sys as _sys
+
+from ._lib import (Fa3cError, cuda_available, e4m3_to_float, float_to_e4m3, last_error,
+                   library_path, status_string, version,
+                   STATUS_OK, STATUS_INVALID_ARGUMENT, STATUS_NOT_SUPPORTED,
+                   STATUS_OUT_OF_MEMORY, STATUS_NO_DEVICE, STATUS_CUDA_ERROR,
+                   STATUS_INTERNAL_ERROR)
+from .interface import (backward, flash_attn_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func, flash_attn_with_kvcache, forward)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+    "flash_attn_with_kvcache", "forward", "backward", "Fa3cError", "version",
+    "cuda_available", "library_path", "last_error", "status_string",
+    "float_to_e4m3", "e4m3_to_float",
+]
+
+# Register the torch custom ops now when torch is already loaded, so that the
+# first call happens outside any torch.compile trace.
+if _sys.modules.get("torch") is not None:
+    from . import _torch  # noqa: F401

@@ -1,0 +1,263 @@
+"""Array-library-neutral forward/backward calls into libfa3c.
+
+The numpy and torch front ends each supply a small `ops` adapter (pointer,
+shape, element strides, dtype code, allocation); everything else - shape
+bookkeeping, the parameter structs, error reporting - lives here once.
+
+Python checks only what the C library cannot see (it receives pointers and
+strides, not shapes): that q, k, v, cu_seqlens, page_table and descale arrays
+agree with each other. Value checks (head dim, head ratio, window, strides...)
+are left to libfa3c so its message reaches the user verbatim.
+"""
+import ctypes
+import math
+
+from . import _lib
+from ._lib import Fa3cError
+
+
+def bad(msg):
+    return Fa3cError(_lib.STATUS_INVALID_ARGUMENT, msg, "invalid argument")
+
+
+class Layout:
+    """Sizes of one attention problem, derived from array shapes."""
+
+    def __init__(self, ops, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 seqused_k, page_table):
+        self.varlen_q = cu_seqlens_q is not None
+        self.varlen_k = cu_seqlens_k is not None
+        self.paged = page_table is not None
+        if self.paged and self.varlen_k:
+            raise bad("page_table and cu_seqlens_k cannot be used together")
+        qs, ks, vs = ops.shape(q), ops.shape(k), ops.shape(v)
+        if ks != vs:
+            raise bad("k and v must have the same shape (got %s and %s)" % (ks, vs))
+        nq = 3 if self.varlen_q else 4
+        nk = 3 if self.varlen_k else 4
+        if len(qs) != nq:
+            raise bad("q must be %s (got shape %s)" % (
+                "(total_q, heads, headdim) with cu_seqlens_q" if self.varlen_q
+                else "(batch, seqlen_q, heads, headdim)", qs))
+        if len(ks) != nk:
+            raise bad("k and v must be %s (got shape %s)" % (
+                "(total_k, heads_kv, headdim) with cu_seqlens_k" if self.varlen_k
+                else "(num_pages, page_size, heads_kv, headdim) with page_table" if self.paged
+                else "(batch, seqlen_k, heads_kv, headdim)", ks))
+        if qs[-1] != ks[-1]:
+            raise NotImplementedError(
+                "fa3c: q and k/v must have the same head dim (got %d and %d); a separate "
+                "value head dim is not supported" % (qs[-1], ks[-1]))
+        self.headdim = qs[-1]
+        self.heads_q = qs[-2]
+        self.heads_kv = ks[-2]
+        # batch: from cu_seqlens when present, else from the leading dims
+        batches = []
+        if self.varlen_q:
+            batches.append(("cu_seqlens_q", self._cu_len(ops, cu_seqlens_q, "cu_seqlens_q") - 1))
+        else:
+            batches.append(("q", qs[0]))
+        if self.varlen_k:
+            batches.append(("cu_seqlens_k", self._cu_len(ops, cu_seqlens_k, "cu_seqlens_k") - 1))
+        elif self.paged:
+            pts = ops.shape(page_table)
+            if len(pts) != 2:
+                raise bad("page_table must be (batch, max_pages_per_seq) (got shape %s)" % (pts,))
+            batches.append(("page_table", pts[0]))
+        else:
+            batches.append(("k", ks[0]))
+        if batches[0][1] != batches[1][1]:
+            raise bad("batch size of %s (%d) and %s (%d) differ" % (batches[0] + batches[1]))
+        self.batch = batches[0][1]
+        if seqused_k is not None and ops.shape(seqused_k) != (self.batch,):
+            raise bad("seqused_k must have shape (%d,) (got %s)" % (self.batch, ops.shape(seqused_k)))
+
+        if self.varlen_q:
+            self.total_q = qs[0]
+            self.seqlen_q = max_seqlen_q if max_seqlen_q is not None else ops.max_diff(cu_seqlens_q)
+        else:
+            self.seqlen_q = qs[1]
+        if self.paged:
+            self.num_pages, self.page_size = ks[0], ks[1]
+            self.seqlen_k = ops.shape(page_table)[1] * self.page_size
+        elif self.varlen_k:
+            self.seqlen_k = max_seqlen_k if max_seqlen_k is not None else ops.max_diff(cu_seqlens_k)
+        else:
+            self.seqlen_k = ks[1]
+        self.seqlen_q, self.seqlen_k = int(self.seqlen_q), int(self.seqlen_k)
+
+    @staticmethod
+    def _cu_len(ops, cu, name):
+        s = ops.shape(cu)
+        if len(s) != 1 or s[0] < 1:
+            raise bad("%s must be a 1-D array of batch+1 int32 offsets (got shape %s)" % (name, s))
+        return s[0]
+
+    def out_shape(self, ops, q):
+        return ops.shape(q)
+
+    def lse_shape(self):
+        if self.varlen_q:
+            return (self.heads_q, self.total_q)
+        return (self.batch, self.heads_q, self.seqlen_q)
+
+
+def _tensor(ops, x, varlen):
+    """fa3c_tensor for array x: 4-D as is, 3-D varlen rows get stride[0] = 0 (ignored)."""
+    st = ops.strides(x)
+    if varlen:
+        st = (0,) + tuple(st)
+    t = _lib.Tensor()
+    t.data = ops.ptr(x)
+    for i in range(4):
+        t.stride[i] = int(st[i])
+    return t
+
+
+def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, softcap,
+                  cu_q, cu_k, seqused_k, page_table):
+    pr.dtype = dtype_code
+    pr.batch = lay.batch
+    pr.seqlen_q = lay.seqlen_q
+    pr.seqlen_k = lay.seqlen_k
+    pr.heads_q = lay.heads_q
+    pr.heads_kv = lay.heads_kv
+    pr.headdim = lay.headdim
+    pr.softmax_scale = float(softmax_scale)
+    pr.causal = int(bool(causal))
+    pr.window_left = int(window_size[0])
+    pr.window_right = int(window_size[1])
+    pr.softcap = float(softcap or 0.0)
+    pr.cu_seqlens_q = ops.ptr(cu_q) if cu_q is not None else None
+    pr.cu_seqlens_k = ops.ptr(cu_k) if cu_k is not None else None
+    pr.seqused_k = ops.ptr(seqused_k) if seqused_k is not None else None
+    if page_table is not None:
+        pr.page_table = ops.ptr(page_table)
+        pr.page_table_stride = int(ops.strides(page_table)[0])
+        pr.page_size = lay.page_size
+        pr.num_pages = lay.num_pages
+
+
+def default_scale(headdim):
+    return 1.0 / math.sqrt(headdim)
+
+
+def _check_window(window_size):
+    if window_size is None:
+        return (-1, -1)
+    ws = tuple(int(w) for w in window_size)
+    if len(ws) != 2:
+        raise bad("window_size must be a pair (left, right) (got %r)" % (window_size,))
+    return ws
+
+
+def forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
+            window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
+            num_splits=0, backend="auto", stream=None, out=None):
+    """Run fa3c_fwd. Returns (out, lse); lse is float32 (batch, heads, seqlen_q),
+    or (heads, total_q) with cu_seqlens_q."""
+    q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
+    dt = ops.dtype_code(q)
+    for name, x in (("k", k), ("v", v)):
+        if ops.dtype_code(x) != dt:
+            raise bad("q, k and v must have the same dtype (q is %s, %s is %s)"
+                      % (ops.dtype_name(q), name, ops.dtype_name(x)))
+    cu_q = ops.int32(cu_seqlens_q, q)
+    cu_k = ops.int32(cu_seqlens_k, q)
+    used_k = ops.int32(seqused_k, q)
+    pt = ops.int32(page_table, q)
+    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt)
+    window_size = _check_window(window_size)
+    if softmax_scale is None:
+        softmax_scale = default_scale(lay.headdim)
+
+    descales = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        descales.append(ops.descale(d, (lay.batch, lay.heads_kv), q, name))
+    if any(d is not None for d in descales) and dt != _lib.DTYPE_E4M3:
+        raise bad("q_descale/k_descale/v_descale apply to float8_e4m3fn inputs only")
+
+    out_code = _lib.DTYPE_BF16 if dt == _lib.DTYPE_E4M3 else dt
+    if out is None:
+        out = ops.empty(ops.shape(q), out_code, q)
+    else:
+        if ops.shape(out) != ops.shape(q) or ops.dtype_code(out) != out_code:
+            raise bad("out must have q's shape %s and dtype code %d" % (ops.shape(q), out_code))
+    lse = ops.empty(lay.lse_shape(), _lib.DTYPE_FP32, q)
+
+    p = _lib.FwdParams()
+    L = _lib.lib()
+    L.fa3c_fwd_params_init(ctypes.byref(p))
+    _fill_problem(p.problem, lay, ops, dt, softmax_scale, causal, window_size, softcap,
+                  cu_q, cu_k, used_k, pt)
+    p.q = _tensor(ops, q, lay.varlen_q)
+    p.k = _tensor(ops, k, lay.varlen_k)
+    p.v = _tensor(ops, v, lay.varlen_k)
+    p.out = _tensor(ops, out, lay.varlen_q)
+    p.lse = ops.ptr(lse)
+    p.q_descale, p.k_descale, p.v_descale = [ops.ptr(d) if d is not None else None for d in descales]
+    p.num_splits = int(num_splits)
+    p.backend = backend_code(backend)
+    _lib.raise_for(L.fa3c_fwd(ctypes.byref(p), stream))
+    return out, lse
+
+
+def backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
+             causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
+             backend="auto", stream=None):
+    """Run fa3c_bwd. Returns (dq, dk, dv) shaped like q, k, v."""
+    dout, q, k, v, out = [ops.prepare(x) for x in (dout, q, k, v, out)]
+    dt = ops.dtype_code(q)
+    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if ops.dtype_code(x) != dt:
+            raise bad("backward: q, k, v, out and dout must have the same dtype (q is %s, %s is %s)"
+                      % (ops.dtype_name(q), name, ops.dtype_name(x)))
+    cu_q = ops.int32(cu_seqlens_q, q)
+    cu_k = ops.int32(cu_seqlens_k, q)
+    used_k = ops.int32(seqused_k, q)
+    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, None)
+    for name, x in (("out", out), ("dout", dout)):
+        if ops.shape(x) != ops.shape(q):
+            raise bad("backward: %s must have q's shape %s (got %s)" % (name, ops.shape(q), ops.shape(x)))
+    lse = ops.contiguous_f32(lse)
+    if ops.shape(lse) != lay.lse_shape():
+        raise bad("backward: lse must have shape %s (got %s)" % (lay.lse_shape(), ops.shape(lse)))
+    window_size = _check_window(window_size)
+    if softmax_scale is None:
+        softmax_scale = default_scale(lay.headdim)
+    dq = ops.empty(ops.shape(q), dt, q)
+    dk = ops.empty(ops.shape(k), dt, q)
+    dv = ops.empty(ops.shape(v), dt, q)
+
+    p = _lib.BwdParams()
+    L = _lib.lib()
+    L.fa3c_bwd_params_init(ctypes.byref(p))
+    _fill_problem(p.problem, lay, ops, dt, softmax_scale, causal, window_size, softcap,
+                  cu_q, cu_k, used_k, None)
+    p.q = _tensor(ops, q, lay.varlen_q)
+    p.k = _tensor(ops, k, lay.varlen_k)
+    p.v = _tensor(ops, v, lay.varlen_k)
+    p.out = _tensor(ops, out, lay.varlen_q)
+    p.dout = _tensor(ops, dout, lay.varlen_q)
+    p.lse = ops.ptr(lse)
+    p.dq = _tensor(ops, dq, lay.varlen_q)
+    p.dk = _tensor(ops, dk, lay.varlen_k)
+    p.dv = _tensor(ops, dv, lay.varlen_k)
+    p.deterministic = int(bool(deterministic))
+    p.backend = backend_code(backend)
+    st = L.fa3c_bwd(ctypes.byref(p), stream)
+    # NOT_SUPPORTED here usually means "this backend has no backward for this
+    # case yet": say it was the backward, then the library's own reason.
+    _lib.raise_for(st, "fa3c backward" if st == _lib.STATUS_NOT_SUPPORTED else "")
+    return dq, dk, dv
+
+
+def backend_code(backend):
+    if isinstance(backend, int):
+        return backend
+    try:
+        return _lib.BACKENDS[str(backend).lower()]
+    except KeyError:
+        raise ValueError("backend must be one of %s (got %r)" % (sorted(_lib.BACKENDS), backend))

@@ -1,0 +1,210 @@
+"""ctypes mirror of include/fa3c.h and the loader for libfa3c.
+
+Every struct here must match the header field for field: ctypes then applies the
+same C alignment rules, so no padding is spelled out by hand.
+"""
+import ctypes
+import glob
+import os
+import threading
+
+# fa3c_status
+STATUS_OK = 0
+STATUS_INVALID_ARGUMENT = 1
+STATUS_NOT_SUPPORTED = 2
+STATUS_OUT_OF_MEMORY = 3
+STATUS_NO_DEVICE = 4
+STATUS_CUDA_ERROR = 5
+STATUS_INTERNAL_ERROR = 6
+
+# fa3c_dtype
+DTYPE_FP32 = 0
+DTYPE_FP16 = 1
+DTYPE_BF16 = 2
+DTYPE_E4M3 = 3
+
+# fa3c_backend
+BACKEND_AUTO = 0
+BACKEND_CPU = 1
+BACKEND_CUDA = 2
+BACKEND_CPU_REFERENCE = 3
+
+BACKENDS = {"auto": BACKEND_AUTO, "cpu": BACKEND_CPU, "cuda": BACKEND_CUDA,
+            "cpu_reference": BACKEND_CPU_REFERENCE}
+
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_f32p = ctypes.POINTER(ctypes.c_float)
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("stride", ctypes.c_int64 * 4)]
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("seqlen_q", ctypes.c_int),
+        ("seqlen_k", ctypes.c_int),
+        ("heads_q", ctypes.c_int),
+        ("heads_kv", ctypes.c_int),
+        ("headdim", ctypes.c_int),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
+        ("softcap", ctypes.c_float),
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
+        ("page_table", ctypes.c_void_p),
+        ("page_table_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int),
+        ("num_pages", ctypes.c_int),
+    ]
+
+
+class FwdParams(ctypes.Structure):
+    _fields_ = [
+        ("problem", Problem),
+        ("q", Tensor), ("k", Tensor), ("v", Tensor),
+        ("out", Tensor),
+        ("lse", ctypes.c_void_p),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("num_splits", ctypes.c_int),
+        ("backend", ctypes.c_int),
+    ]
+
+
+class BwdParams(ctypes.Structure):
+    _fields_ = [
+        ("problem", Problem),
+        ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("dout", Tensor),
+        ("lse", ctypes.c_void_p),
+        ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("deterministic", ctypes.c_int),
+        ("backend", ctypes.c_int),
+    ]
+
+
+class Fa3cError(RuntimeError):
+    """An error reported by libfa3c. str(e) is the library's detailed message
+    (fa3c_last_error) verbatim; .status is the fa3c_status code and
+    .status_string its short name ("invalid argument", "not supported", ...)."""
+
+    def __init__(self, status, message, status_string=""):
+        super().__init__(message or status_string or "fa3c error %d" % status)
+        self.status = int(status)
+        self.status_string = status_string
+        self.message = message
+
+
+_lock = threading.Lock()
+_handle = None
+_path = None
+
+
+def _candidates():
+    env = os.environ.get("FA3C_LIBRARY")
+    if env:
+        return [env]  # an explicit choice: never fall back silently to another copy
+    here = os.path.dirname(os.path.abspath(__file__))
+    # The wheel ships exactly one libfa3c.so next to this file; a versioned
+    # name is accepted for installs made with the plain CMake rules.
+    found = [os.path.join(here, "libfa3c.so")]
+    found += sorted(glob.glob(os.path.join(here, "libfa3c.so.*")))
+    found += sorted(glob.glob(os.path.join(here, "libfa3c*.dylib")))
+    return found
+
+
+def _declare(lib):
+    fwd_p, bwd_p = ctypes.POINTER(FwdParams), ctypes.POINTER(BwdParams)
+    sigs = {
+        "fa3c_fwd_params_init": (None, [fwd_p]),
+        "fa3c_bwd_params_init": (None, [bwd_p]),
+        "fa3c_fwd": (ctypes.c_int, [fwd_p, ctypes.c_void_p]),
+        "fa3c_bwd": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
+        "fa3c_fwd_check": (ctypes.c_int, [fwd_p]),
+        "fa3c_bwd_check": (ctypes.c_int, [bwd_p]),
+        "fa3c_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+        "fa3c_last_error": (ctypes.c_char_p, []),
+        "fa3c_version": (ctypes.c_char_p, []),
+        "fa3c_cuda_available": (ctypes.c_int, []),
+        "fa3c_float_to_e4m3": (ctypes.c_uint8, [ctypes.c_float]),
+        "fa3c_e4m3_to_float": (ctypes.c_float, [ctypes.c_uint8]),
+        "fa3c_hadamard_rotate_f32": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                                    ctypes.c_void_p]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def lib():
+    """The loaded libfa3c (ctypes.CDLL), loaded on first use so that
+    `import fa3c` works even before the library is built."""
+    global _handle, _path
+    if _handle is not None:
+        return _handle
+    with _lock:
+        if _handle is not None:
+            return _handle
+        errors = []
+        for cand in _candidates():
+            if not os.path.exists(cand):
+                errors.append("%s: no such file" % cand)
+                continue
+            try:
+                h = ctypes.CDLL(cand)
+                _declare(h)
+            except (OSError, AttributeError) as e:
+                errors.append("%s: %s" % (cand, e))
+                continue
+            _handle, _path = h, cand
+            return h
+        raise OSError("fa3c: cannot load libfa3c (set FA3C_LIBRARY=/path/to/libfa3c.so or "
+                      "install the package with `pip install .`). Tried:\n  " + "\n  ".join(errors))
+
+
+def library_path():
+    """Path of the libfa3c in use (loads it if needed)."""
+    lib()
+    return _path
+
+
+def status_string(status):
+    return lib().fa3c_status_string(int(status)).decode()
+
+
+def last_error():
+    return lib().fa3c_last_error().decode()
+
+
+def raise_for(status, context=""):
+    """Raise Fa3cError carrying the C message when status is not OK."""
+    if status == STATUS_OK:
+        return
+    msg = last_error()
+    if context:
+        msg = "%s: %s" % (context, msg) if msg else context
+    raise Fa3cError(status, msg, status_string(status))
+
+
+def version():
+    return lib().fa3c_version().decode()
+
+
+def cuda_available():
+    """True when libfa3c was built with the CUDA backend and an sm_90 GPU is usable."""
+    return bool(lib().fa3c_cuda_available())
+
+
+def float_to_e4m3(x):
+    return int(lib().fa3c_float_to_e4m3(float(x)))
+
+
+def e4m3_to_float(b):
+    return float(lib().fa3c_e4m3_to_float(int(b)))

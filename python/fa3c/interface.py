@@ -1,0 +1,245 @@
+"""The FA3 `flash_attn_interface` functions, on fa3c.
+
+Names, argument order, defaults and return values follow the official
+FlashAttention-3 hopper/flash_attn_interface.py. Arguments fa3c has no
+equivalent for raise NotImplementedError when set to a non-default value.
+
+q, k, v may be torch tensors (CUDA: CUDA backend, on the current stream;
+CPU: CPU backend; differentiable) or numpy arrays (CPU backend; float32,
+float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn; forward only - use
+fa3c.backward for gradients).
+"""
+import contextlib
+import sys
+
+from . import _core
+
+_torch_mod = None
+
+
+def _is_torch(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch():
+    global _torch_mod
+    if _torch_mod is None:
+        from . import _torch as m
+        _torch_mod = m
+    return _torch_mod
+
+
+def _ops_for(x):
+    if _is_torch(x):
+        return _torch().OPS
+    from ._numpy import OPS
+    return OPS
+
+
+def _unsupported(**kw):
+    """NotImplementedError for FA3 arguments given a value fa3c cannot honour."""
+    for name, (value, default) in kw.items():
+        if value is None and default is None:
+            continue
+        if value is not default and value != default:
+            raise NotImplementedError("fa3c: %s=%r is not supported (only %r)" % (name, value, default))
+
+
+def _common_unsupported(qv, attention_chunk, sm_margin):
+    _unsupported(qv=(qv, None), attention_chunk=(attention_chunk, 0), sm_margin=(sm_margin, 0))
+
+
+def _numpy_attention(q, k, v, **kw):
+    from ._numpy import OPS
+    kw.pop("deterministic", None)
+    return _core.forward(OPS, q, k, v, backend="cpu", **kw)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                    k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
+                    softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                    return_attn_probs=False):
+    """Attention over (batch, seqlen, heads, headdim) q and (batch, seqlen_k, heads_kv, headdim)
+    k, v. causal is bottom-right aligned; window_size=(left, right), -1 = unbounded;
+    softcap > 0 applies softcap * tanh(score / softcap). pack_gqa is a tuning hint and is
+    ignored. Returns out, or (out, softmax_lse) with return_attn_probs=True; softmax_lse is
+    float32 (batch, heads, seqlen_q)."""
+    _common_unsupported(qv, attention_chunk, sm_margin)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+              softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+              num_splits=num_splits, deterministic=deterministic)
+    if _is_torch(q):
+        out, lse = _torch().attention(q, k, v, **kw)
+    else:
+        out, lse = _numpy_attention(q, k, v, **kw)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
+                           qv=None, q_descale=None, k_descale=None, v_descale=None,
+                           window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False):
+    """Variable-length batches packed along the token axis: q is (total_q, heads, headdim),
+    k and v (total_k, heads_kv, headdim), cu_seqlens_* int32 (batch + 1,) prefix sums in the
+    same memory as the tensors. Returns out, or (out, softmax_lse) with softmax_lse float32
+    (heads, total_q). The CUDA backend may not support varlen yet: that raises Fa3cError
+    with the library's reason."""
+    _common_unsupported(qv, attention_chunk, sm_margin)
+    _unsupported(seqused_q=(seqused_q, None))
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, softmax_scale=softmax_scale,
+              causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
+              k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
+              deterministic=deterministic)
+    if _is_torch(q):
+        out, lse = _torch().attention(q, k, v, **kw)
+    else:
+        out, lse = _numpy_attention(q, k, v, **kw)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
+                              k_descale=None, v_descale=None, window_size=(-1, -1),
+                              attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False):
+    """qkv (batch, seqlen, 3, heads, headdim), or (batch, seqlen, heads_q + 2*heads_kv,
+    headdim) with num_heads_q. The q, k, v views are passed with their strides: no copy."""
+    if len(qkv.shape) == 5:
+        if qkv.shape[2] != 3:
+            raise _core.bad("qkv must be (batch, seqlen, 3, heads, headdim) (got shape %s)"
+                            % (tuple(qkv.shape),))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    elif len(qkv.shape) == 4:
+        if num_heads_q is None:
+            raise _core.bad("a 4-D qkv needs num_heads_q")
+        hkv = (qkv.shape[2] - num_heads_q) // 2
+        if num_heads_q + 2 * hkv != qkv.shape[2] or hkv <= 0:
+            raise _core.bad("qkv has %d heads, not num_heads_q + 2 * heads_kv with num_heads_q=%d"
+                            % (qkv.shape[2], num_heads_q))
+        q = qkv[:, :, :num_heads_q]
+        k = qkv[:, :, num_heads_q:num_heads_q + hkv]
+        v = qkv[:, :, num_heads_q + hkv:]
+    else:
+        raise _core.bad("qkv must be 4-D or 5-D (got shape %s)" % (tuple(qkv.shape),))
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                           window_size=window_size, attention_chunk=attention_chunk,
+                           softcap=softcap, deterministic=deterministic, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs)
+
+
+def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table):
+    """Write the new keys/values into the cache at cache_seqlens (in place), as FA3 does.
+    A per-sequence host loop: fine for decoding steps, not a bulk path."""
+    lens = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
+                             else cache_seqlens)]
+    pages = page_table.tolist() if page_table is not None else None
+    for b, start in enumerate(lens):
+        n = k.shape[1]
+        if pages is None:
+            if start + n > k_cache.shape[1]:
+                raise _core.bad("kv cache too small: sequence %d needs %d slots, has %d"
+                                % (b, start + n, k_cache.shape[1]))
+            k_cache[b, start:start + n] = k[b]
+            v_cache[b, start:start + n] = v[b]
+        else:
+            ps = k_cache.shape[1]
+            if start + n > len(pages[b]) * ps:
+                raise _core.bad("paged kv cache too small for sequence %d" % b)
+            for t in range(n):
+                pos = start + t
+                pg, off = pages[b][pos // ps], pos % ps
+                k_cache[pg, off] = k[b, t]
+                v_cache[pg, off] = v[b, t]
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, page_table=None, cu_seqlens_q=None,
+                            cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=0,
+                            pack_gqa=None, sm_margin=0, return_softmax_lse=False):
+    """Decoding against a KV cache: k_cache, v_cache are (batch, seqlen_cache, heads_kv,
+    headdim), or (num_pages, page_size, heads_kv, headdim) with page_table (batch,
+    max_pages) int32. cache_seqlens (int or (batch,) int32) is the filled length. If k, v
+    (batch, seqlen_new, heads_kv, headdim) are given they are first written into the cache
+    at cache_seqlens, in place. No backward. Returns out, or (out, softmax_lse)."""
+    _common_unsupported(qv, attention_chunk, sm_margin)
+    _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
+                 cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
+                 cu_seqlens_q=(cu_seqlens_q, None), cu_seqlens_k_new=(cu_seqlens_k_new, None),
+                 rotary_seqlens=(rotary_seqlens, None),
+                 scheduler_metadata=(scheduler_metadata, None))
+    if (k is None) != (v is None):
+        raise _core.bad("give both k and v to append to the cache, or neither")
+    torch_path = _is_torch(q)
+    batch = q.shape[0]
+    if cache_seqlens is not None:
+        if isinstance(cache_seqlens, int):
+            cache_seqlens = [cache_seqlens] * batch
+        if torch_path:
+            cache_seqlens = _torch().to_int32_tensor(cache_seqlens, k_cache)
+        else:
+            import numpy as np
+            cache_seqlens = np.asarray(cache_seqlens, dtype=np.int32)
+    if k is not None:
+        if cache_seqlens is None:
+            raise _core.bad("appending k, v to the cache needs cache_seqlens")
+        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table)
+        cache_seqlens = cache_seqlens + k.shape[1]
+    kw = dict(seqused_k=cache_seqlens, page_table=page_table, softmax_scale=softmax_scale,
+              causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
+              k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
+    if torch_path:
+        out, lse = _torch().attention(q, k_cache, v_cache, **kw)
+    else:
+        out, lse = _numpy_attention(q, k_cache, v_cache, **kw)
+    return (out, lse) if return_softmax_lse else out
+
+
+# ---- low-level calls: no autograd, any backend -------------------------------------
+
+def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
+            window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
+            num_splits=0, backend=None):
+    """One fa3c_fwd call on numpy arrays or torch tensors. Returns (out, lse).
+    backend: None (CPU for host memory, CUDA for CUDA tensors), "auto", "cpu", "cuda" or
+    "cpu_reference" (the naive float64 oracle)."""
+    ops = _ops_for(q)
+    stream, guard, backend = _where(q, backend)
+    with guard:
+        return _core.forward(ops, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                             seqused_k=seqused_k, page_table=page_table,
+                             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                             softcap=softcap, q_descale=q_descale, k_descale=k_descale,
+                             v_descale=v_descale, num_splits=num_splits, backend=backend,
+                             stream=stream)
+
+
+def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+             max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
+             window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None):
+    """One fa3c_bwd call: (dq, dk, dv) from dout and the forward's q, k, v, out, lse."""
+    ops = _ops_for(q)
+    stream, guard, backend = _where(q, backend)
+    with guard:
+        return _core.backward(ops, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q,
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                              max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+                              softmax_scale=softmax_scale, causal=causal,
+                              window_size=window_size, softcap=softcap,
+                              deterministic=deterministic, backend=backend, stream=stream)
+
+
+def _where(q, backend):
+    if _is_torch(q):
+        be, stream, guard = _torch()._launch(q)
+        return stream, guard, be if backend is None else backend
+    return None, contextlib.nullcontext(), "cpu" if backend is None else backend

@@ -1,0 +1,527 @@
+/* The public entry points: validate a call completely, resolve the backend
+ * and the defaults, then hand a valid copy of the params to one backend.
+ *
+ * Validation runs in a fixed order so that the first message names the most
+ * basic mistake: scalars of the problem, pointers and strides, backend and
+ * memory kind, host-side arrays (CPU only), tensor extents, aliasing, and
+ * last the backend's own "can I do this" check. Nothing is written before
+ * all of it has passed. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "problem.h"
+
+/* What the validator needs to know about one tensor argument. */
+enum row_kind {
+    ROWS_Q,  /* (batch, seqlen_q, heads, d), varlen over cu_seqlens_q */
+    ROWS_K,  /* (batch, seqlen_k, heads_kv, d), varlen over cu_seqlens_k, or paged */
+    ROWS_DK  /* like ROWS_K but never paged (dk, dv are always per-sequence) */
+};
+
+typedef struct tensor_arg {
+    const char *name;
+    const fa3c_tensor *t;
+    enum row_kind rows;
+    int heads;
+    int elem_size;
+    int is_output;
+} tensor_arg;
+
+/* One call, forward or backward, described uniformly. */
+typedef struct call_desc {
+    int is_bwd;
+    const fa3c_problem *pr;
+    tensor_arg tensors[8];
+    int ntensors;
+    const float *lse;
+    const float *descale[3]; /* forward only */
+    fa3c_backend backend;
+} call_desc;
+
+static const char *const descale_names[3] = {"q_descale", "k_descale", "v_descale"};
+
+static const char *dtype_name(fa3c_dtype d) {
+    switch (d) {
+    case FA3C_DTYPE_FP32: return "FP32";
+    case FA3C_DTYPE_FP16: return "FP16";
+    case FA3C_DTYPE_BF16: return "BF16";
+    case FA3C_DTYPE_E4M3: return "E4M3";
+    }
+    return "?";
+}
+
+static int dtype_size(fa3c_dtype d) {
+    return d == FA3C_DTYPE_FP32 ? 4 : d == FA3C_DTYPE_E4M3 ? 1 : 2;
+}
+
+/* ---- checked int64 arithmetic: sizes may be absurd, the checks must not overflow ---- */
+
+static int add_ok(int64_t *acc, int64_t x) {
+    if (x > INT64_MAX - *acc) return 0;
+    *acc += x;
+    return 1;
+}
+
+static int mul_ok(int64_t a, int64_t b, int64_t *out) {
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+/* ---- 1. scalar fields of the problem (no memory is read) ---- */
+
+static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if ((int)pr->dtype < FA3C_DTYPE_FP32 || (int)pr->dtype > FA3C_DTYPE_E4M3)
+        return fa3c_error(BAD, "problem.dtype: unknown dtype %d (expected 0..3: FP32, FP16, BF16, E4M3)",
+                          (int)pr->dtype);
+    if (pr->batch < 1) return fa3c_error(BAD, "problem.batch: must be >= 1 (got %d)", pr->batch);
+    if (pr->seqlen_q < 1) return fa3c_error(BAD, "problem.seqlen_q: must be >= 1 (got %d)", pr->seqlen_q);
+    if (pr->seqlen_k < 1) return fa3c_error(BAD, "problem.seqlen_k: must be >= 1 (got %d)", pr->seqlen_k);
+    if (pr->heads_q < 1) return fa3c_error(BAD, "problem.heads_q: must be >= 1 (got %d)", pr->heads_q);
+    if (pr->heads_kv < 1) return fa3c_error(BAD, "problem.heads_kv: must be >= 1 (got %d)", pr->heads_kv);
+    if (pr->heads_q % pr->heads_kv != 0)
+        return fa3c_error(BAD, "problem.heads_q (%d) must be a multiple of problem.heads_kv (%d)",
+                          pr->heads_q, pr->heads_kv);
+    if (pr->headdim < 8 || pr->headdim > 256 || pr->headdim % 8 != 0)
+        return fa3c_error(BAD, "problem.headdim: must be a multiple of 8 in [8, 256] (got %d)", pr->headdim);
+    if (!isfinite(pr->softmax_scale) || pr->softmax_scale < 0)
+        return fa3c_error(BAD, "problem.softmax_scale: must be finite and >= 0, 0 meaning 1/sqrt(headdim) (got %g)",
+                          (double)pr->softmax_scale);
+    if (pr->causal != 0 && pr->causal != 1)
+        return fa3c_error(BAD, "problem.causal: must be 0 or 1 (got %d)", pr->causal);
+    if (pr->window_left < -1)
+        return fa3c_error(BAD, "problem.window_left: must be >= -1, -1 = unbounded (got %d)", pr->window_left);
+    if (pr->window_right < -1)
+        return fa3c_error(BAD, "problem.window_right: must be >= -1, -1 = unbounded (got %d)", pr->window_right);
+    if (!isfinite(pr->softcap) || pr->softcap < 0)
+        return fa3c_error(BAD, "problem.softcap: must be finite and >= 0, 0 = off (got %g)", (double)pr->softcap);
+    if (pr->page_table) {
+        if (pr->cu_seqlens_k)
+            return fa3c_error(BAD, "problem.page_table: cannot be combined with problem.cu_seqlens_k "
+                                   "(paged keys are found through the page table, not token offsets)");
+        if (pr->page_size < 1)
+            return fa3c_error(BAD, "problem.page_size: must be >= 1 with a page table (got %d)", pr->page_size);
+        if (pr->num_pages < 1)
+            return fa3c_error(BAD, "problem.num_pages: must be >= 1 with a page table (got %d)", pr->num_pages);
+        int64_t need = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
+        if (pr->page_table_stride < need)
+            return fa3c_error(BAD, "problem.page_table_stride: must be >= ceil(seqlen_k / page_size) = %lld (got %lld)",
+                              (long long)need, (long long)pr->page_table_stride);
+    }
+    /* Unsupported but well-formed: after the malformed cases, so those are named first. */
+    if (is_bwd && pr->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.dtype: E4M3 has no backward (fp8 is forward only)");
+    if (is_bwd && pr->page_table)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
+    return FA3C_STATUS_OK;
+}
+
+/* ---- 2. pointers and strides (no memory is read) ---- */
+
+static int elem_aligned(const void *ptr, int size) { return ((uintptr_t)ptr % (uintptr_t)size) == 0; }
+
+static fa3c_status check_tensor_form(const tensor_arg *a) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    const fa3c_tensor *t = a->t;
+    if (!t->data) return fa3c_error(BAD, "%s.data: is NULL", a->name);
+    for (int dim = 0; dim < 4; dim++)
+        if (t->stride[dim] < 0)
+            return fa3c_error(BAD, "%s: stride of dim %d must be >= 0 (got %lld)", a->name, dim,
+                              (long long)t->stride[dim]);
+    if (t->stride[3] != 1)
+        return fa3c_error(BAD, "%s: stride of dim 3 must be 1 (got %lld)", a->name, (long long)t->stride[3]);
+    /* Misaligned element loads are undefined behaviour in C; refuse them everywhere. */
+    if (!elem_aligned(t->data, a->elem_size))
+        return fa3c_error(BAD, "%s.data: must be aligned to its %d-byte elements (address %p)", a->name,
+                          a->elem_size, t->data);
+    return FA3C_STATUS_OK;
+}
+
+static fa3c_status check_host_array_ptr(const char *name, const void *ptr, int size) {
+    if (ptr && !elem_aligned(ptr, size))
+        return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s: must be aligned to %d bytes (address %p)", name, size, ptr);
+    return FA3C_STATUS_OK;
+}
+
+/* ---- 3. backend and memory kind ---- */
+
+/* Every pointer the backend will dereference, with its name, in argument order. */
+static int collect_pointers(const call_desc *c, const void **ptrs, const char **names) {
+    int n = 0;
+    for (int i = 0; i < c->ntensors; i++) {
+        ptrs[n] = c->tensors[i].t->data;
+        names[n++] = c->tensors[i].name;
+    }
+    const fa3c_problem *pr = c->pr;
+    const void *opt[] = {c->lse, pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
+                         c->descale[0], c->descale[1], c->descale[2]};
+    const char *opt_names[] = {"lse", "problem.cu_seqlens_q", "problem.cu_seqlens_k", "problem.seqused_k",
+                               "problem.page_table", descale_names[0], descale_names[1], descale_names[2]};
+    for (int i = 0; i < 8; i++) {
+        if (!opt[i]) continue;
+        ptrs[n] = opt[i];
+        names[n++] = opt_names[i];
+    }
+    return n;
+}
+
+static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
+    const void *ptrs[24];
+    const char *names[24];
+    int n = collect_pointers(c, ptrs, names);
+    fa3c_backend b = c->backend;
+
+    fa3c_clear_error();
+    int usable = fa3c_cuda_backend_usable();
+    if (!usable && b == FA3C_BACKEND_CUDA) {
+        /* The CUDA side may have said why (built without it, no sm_90 GPU, ...). */
+        char why[256];
+        strncpy(why, fa3c_last_error(), sizeof why - 1);
+        why[sizeof why - 1] = '\0';
+        return fa3c_error(FA3C_STATUS_NO_DEVICE, "backend: CUDA was requested but is not usable: %s",
+                          why[0] ? why : "no usable sm_90 GPU");
+    }
+    if (b == FA3C_BACKEND_AUTO)
+        b = usable && fa3c_cuda_pointer_is_device(c->tensors[0].t->data) ? FA3C_BACKEND_CUDA : FA3C_BACKEND_CPU;
+    /* Only ask about memory kinds when a CUDA runtime is there to answer. */
+    if (usable) {
+        int want_device = b == FA3C_BACKEND_CUDA;
+        for (int i = 0; i < n; i++) {
+            int is_device = fa3c_cuda_pointer_is_device(ptrs[i]) != 0;
+            if (is_device != want_device)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s is %s memory; the %s backend needs %s memory",
+                                  names[i], is_device ? "device" : "host", want_device ? "CUDA" : "CPU",
+                                  want_device ? "device" : "host");
+        }
+    }
+    *out = b;
+    return FA3C_STATUS_OK;
+}
+
+/* ---- 4. host-side arrays (only when they are host memory: CPU backends) ---- */
+
+static fa3c_status check_cu_seqlens(const char *name, const int32_t *cu, int batch, int max_len,
+                                    const char *max_name) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if (cu[0] != 0) return fa3c_error(BAD, "%s[0]: must be 0 (got %d)", name, cu[0]);
+    for (int b = 0; b < batch; b++) {
+        int64_t len = (int64_t)cu[b + 1] - cu[b];
+        if (len < 0)
+            return fa3c_error(BAD, "%s: must be non-decreasing, but %s[%d] = %d < %s[%d] = %d", name, name, b + 1,
+                              cu[b + 1], name, b, cu[b]);
+        if (len > max_len)
+            return fa3c_error(BAD, "%s: sequence %d has length %lld > %s (%d), which must be the maximum length",
+                              name, b, (long long)len, max_name, max_len);
+    }
+    return FA3C_STATUS_OK;
+}
+
+static fa3c_status check_host_arrays(const call_desc *c) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    const fa3c_problem *pr = c->pr;
+    fa3c_status s;
+    if (pr->cu_seqlens_q &&
+        (s = check_cu_seqlens("problem.cu_seqlens_q", pr->cu_seqlens_q, pr->batch, pr->seqlen_q,
+                              "problem.seqlen_q")) != FA3C_STATUS_OK)
+        return s;
+    if (pr->cu_seqlens_k &&
+        (s = check_cu_seqlens("problem.cu_seqlens_k", pr->cu_seqlens_k, pr->batch, pr->seqlen_k,
+                              "problem.seqlen_k")) != FA3C_STATUS_OK)
+        return s;
+    if (pr->seqused_k)
+        for (int b = 0; b < pr->batch; b++)
+            if (pr->seqused_k[b] < 0 || pr->seqused_k[b] > pr->seqlen_k)
+                return fa3c_error(BAD, "problem.seqused_k[%d]: must be in [0, problem.seqlen_k = %d] (got %d)", b,
+                                  pr->seqlen_k, pr->seqused_k[b]);
+    if (pr->page_table) {
+        /* Only the entries that cover used keys are read; the rest may hold anything (e.g. -1). */
+        for (int b = 0; b < pr->batch; b++) {
+            int used = (fa3c_seqlen_k_of(pr, b) + pr->page_size - 1) / pr->page_size;
+            for (int i = 0; i < used; i++) {
+                int32_t page = pr->page_table[(int64_t)b * pr->page_table_stride + i];
+                if (page < 0 || page >= pr->num_pages)
+                    return fa3c_error(BAD, "problem.page_table[%d][%d]: page %d is out of range [0, problem.num_pages = %d)",
+                                      b, i, page, pr->num_pages);
+            }
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        const float *d = c->descale[i];
+        if (!d) continue;
+        for (int64_t j = 0; j < (int64_t)pr->batch * pr->heads_kv; j++)
+            if (!isfinite(d[j]) || d[j] <= 0)
+                return fa3c_error(BAD, "%s[%lld]: must be finite and > 0 (got %g)", descale_names[i], (long long)j,
+                                  (double)d[j]);
+    }
+    return FA3C_STATUS_OK;
+}
+
+/* ---- 5. extents: the largest offset each tensor reaches must be addressable ---- */
+
+/* The (extent, stride) pairs of a tensor's four dims as the backends index it. */
+static void tensor_dims(const call_desc *c, const tensor_arg *a, int host_arrays, int64_t n[4], int64_t s[4]) {
+    const fa3c_problem *pr = c->pr;
+    for (int d = 0; d < 4; d++) s[d] = a->t->stride[d];
+    n[2] = a->heads;
+    n[3] = pr->headdim;
+    const int32_t *cu = a->rows == ROWS_Q ? pr->cu_seqlens_q : pr->cu_seqlens_k;
+    int maxlen = a->rows == ROWS_Q ? pr->seqlen_q : pr->seqlen_k;
+    if (a->rows == ROWS_K && pr->page_table) {
+        n[0] = pr->num_pages;
+        n[1] = pr->page_size;
+    } else if (cu) {
+        /* Varlen: one token axis. Device-side cu_seqlens can't be read, but the
+         * contract bounds the total by batch * max length. */
+        n[0] = 1;
+        n[1] = host_arrays ? cu[pr->batch] : (int64_t)pr->batch * maxlen;
+    } else {
+        n[0] = pr->batch;
+        n[1] = maxlen;
+    }
+}
+
+static fa3c_status check_extent(const char *name, const void *data, int elem_size, const int64_t n[4],
+                                const int64_t s[4]) {
+    int64_t last = 0, bytes;
+    int ok = 1;
+    for (int d = 0; d < 4 && ok; d++) {
+        int64_t step;
+        ok = n[d] <= 0 || (mul_ok(n[d] - 1, s[d], &step) && add_ok(&last, step));
+    }
+    ok = ok && last < INT64_MAX && mul_ok(last + 1, elem_size, &bytes);
+    if (!ok || (uint64_t)bytes > (uint64_t)(UINTPTR_MAX - (uintptr_t)data))
+        return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT,
+                          "%s: shape (%lld, %lld, %lld, %lld) with strides (%lld, %lld, %lld, %lld) reaches past "
+                          "the addressable range",
+                          name, (long long)n[0], (long long)n[1], (long long)n[2], (long long)n[3], (long long)s[0],
+                          (long long)s[1], (long long)s[2], (long long)s[3]);
+    return FA3C_STATUS_OK;
+}
+
+/* Outputs must give every element its own address, or writes race and clobber.
+ * Sufficient rule: ordered by stride, each dim steps past everything the
+ * smaller dims span. It accepts every dense or padded layout; exotic
+ * interleavings that would also be safe are refused. */
+static fa3c_status check_output_distinct(const char *name, const int64_t n[4], const int64_t s[4]) {
+    int order[4] = {0, 1, 2, 3};
+    for (int i = 1; i < 4; i++)
+        for (int j = i; j > 0 && s[order[j]] < s[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int64_t span = 0; /* largest offset reached by the dims taken so far */
+    for (int i = 0; i < 4; i++) {
+        int d = order[i];
+        if (n[d] <= 1) continue;
+        if (s[d] <= span)
+            return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT,
+                              "%s: stride of dim %d (%lld) makes distinct elements overlap; an output needs "
+                              "a separate address for each element",
+                              name, d, (long long)s[d]);
+        span += (n[d] - 1) * s[d]; /* cannot overflow: check_extent passed */
+    }
+    return FA3C_STATUS_OK;
+}
+
+static fa3c_status check_extents(const call_desc *c, int host_arrays) {
+    fa3c_status s;
+    for (int i = 0; i < c->ntensors; i++) {
+        const tensor_arg *a = &c->tensors[i];
+        int64_t n[4], st[4];
+        tensor_dims(c, a, host_arrays, n, st);
+        if ((s = check_extent(a->name, a->t->data, a->elem_size, n, st)) != FA3C_STATUS_OK) return s;
+        if (a->is_output && (s = check_output_distinct(a->name, n, st)) != FA3C_STATUS_OK) return s;
+    }
+    if (c->lse) {
+        const fa3c_problem *pr = c->pr;
+        int64_t rows = pr->cu_seqlens_q && host_arrays ? pr->cu_seqlens_q[pr->batch]
+                                                       : (int64_t)pr->batch * pr->seqlen_q;
+        int64_t n[4] = {1, 1, pr->heads_q, rows}, st[4] = {0, 0, rows, 1};
+        if ((s = check_extent("lse", c->lse, 4, n, st)) != FA3C_STATUS_OK) return s;
+    }
+    return FA3C_STATUS_OK;
+}
+
+/* ---- 6. aliasing: an output sharing its start with another argument ---- */
+
+static fa3c_status check_aliasing(const call_desc *c) {
+    const void *ptrs[24];
+    const char *names[24];
+    int n = collect_pointers(c, ptrs, names);
+    for (int i = 0; i < c->ntensors; i++) {
+        const tensor_arg *a = &c->tensors[i];
+        if (!a->is_output) continue;
+        for (int j = 0; j < n; j++)
+            if (j != i && ptrs[j] == a->t->data)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT,
+                                  "%s.data: must not alias %s (outputs are written while inputs are read)", a->name,
+                                  names[j]);
+    }
+    /* The forward's lse is an output too. */
+    if (!c->is_bwd && c->lse)
+        for (int j = 0; j < c->ntensors; j++)
+            if ((const void *)c->lse == c->tensors[j].t->data)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "lse: must not alias %s.data", c->tensors[j].name);
+    return FA3C_STATUS_OK;
+}
+
+/* ---- the common sequence ---- */
+
+static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    fa3c_status s;
+    if ((int)c->backend < FA3C_BACKEND_AUTO || (int)c->backend > FA3C_BACKEND_CPU_REFERENCE)
+        return fa3c_error(BAD, "backend: unknown backend %d (expected 0..3: AUTO, CPU, CUDA, CPU_REFERENCE)",
+                          (int)c->backend);
+    for (int i = 0; i < c->ntensors; i++)
+        if ((s = check_tensor_form(&c->tensors[i])) != FA3C_STATUS_OK) return s;
+    if ((s = check_host_array_ptr("lse", c->lse, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.cu_seqlens_q", c->pr->cu_seqlens_q, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.cu_seqlens_k", c->pr->cu_seqlens_k, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.seqused_k", c->pr->seqused_k, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.page_table", c->pr->page_table, 4)) != FA3C_STATUS_OK)
+        return s;
+    for (int i = 0; i < 3; i++)
+        if ((s = check_host_array_ptr(descale_names[i], c->descale[i], 4)) != FA3C_STATUS_OK) return s;
+
+    if ((s = resolve_backend(c, resolved)) != FA3C_STATUS_OK) return s;
+    int host_arrays = *resolved != FA3C_BACKEND_CUDA;
+    if (host_arrays && (s = check_host_arrays(c)) != FA3C_STATUS_OK) return s;
+    if ((s = check_extents(c, host_arrays)) != FA3C_STATUS_OK) return s;
+    if (*resolved == FA3C_BACKEND_CUDA) {
+        /* TMA needs 16-byte aligned base addresses. */
+        for (int i = 0; i < c->ntensors; i++)
+            if ((uintptr_t)c->tensors[i].t->data % 16 != 0)
+                return fa3c_error(BAD, "%s.data: must be 16-byte aligned for the CUDA backend (address %p)",
+                                  c->tensors[i].name, c->tensors[i].t->data);
+    }
+    return check_aliasing(c);
+}
+
+static float default_scale(const fa3c_problem *pr) {
+    return pr->softmax_scale != 0 ? pr->softmax_scale : 1.0f / sqrtf((float)pr->headdim);
+}
+
+/* ---- forward ---- */
+
+static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    fa3c_status s;
+    if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
+    const fa3c_problem *pr = &p->problem;
+    if ((s = check_problem_scalars(pr, 0)) != FA3C_STATUS_OK) return s;
+    if (p->num_splits < 0) return fa3c_error(BAD, "num_splits: must be >= 0, 0 = auto (got %d)", p->num_splits);
+    const float *descale[3] = {p->q_descale, p->k_descale, p->v_descale};
+    for (int i = 0; i < 3; i++)
+        if (descale[i] && pr->dtype != FA3C_DTYPE_E4M3)
+            return fa3c_error(BAD, "%s: only valid with dtype E4M3 (dtype is %s)", descale_names[i],
+                              dtype_name(pr->dtype));
+
+    int in = dtype_size(pr->dtype);
+    int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
+    call_desc c = {.is_bwd = 0, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 4,
+                   .descale = {p->q_descale, p->k_descale, p->v_descale}};
+    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, in, 0};
+    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, in, 0};
+    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, in, 0};
+    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, out_size, 1};
+    fa3c_backend backend;
+    if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
+
+    *out = *p;
+    out->backend = backend;
+    out->problem.softmax_scale = default_scale(pr);
+    if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_fwd_supported(out)) != FA3C_STATUS_OK) return s;
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
+    fa3c_fwd_params r;
+    fa3c_status s = prepare_fwd(p, &r);
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
+    fa3c_fwd_params r;
+    fa3c_status s = prepare_fwd(p, &r);
+    if (s != FA3C_STATUS_OK) return s;
+    fa3c_clear_error();
+    switch (r.backend) {
+    case FA3C_BACKEND_CUDA: s = fa3c_cuda_fwd(&r, stream); break;
+    case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_fwd_reference(&r); break;
+    default: s = fa3c_cpu_fwd(&r); break;
+    }
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+/* ---- backward ---- */
+
+static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    fa3c_status s;
+    if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
+    const fa3c_problem *pr = &p->problem;
+    if ((s = check_problem_scalars(pr, 1)) != FA3C_STATUS_OK) return s;
+    if (p->deterministic != 0 && p->deterministic != 1)
+        return fa3c_error(BAD, "deterministic: must be 0 or 1 (got %d)", p->deterministic);
+    if (!p->lse) return fa3c_error(BAD, "lse: is NULL; the backward needs the forward's log-sum-exp");
+
+    int es = dtype_size(pr->dtype);
+    call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 8};
+    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, es, 0};
+    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, es, 0};
+    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, es, 0};
+    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, es, 0};
+    c.tensors[4] = (tensor_arg){"dout", &p->dout, ROWS_Q, pr->heads_q, es, 0};
+    c.tensors[5] = (tensor_arg){"dq", &p->dq, ROWS_Q, pr->heads_q, es, 1};
+    c.tensors[6] = (tensor_arg){"dk", &p->dk, ROWS_DK, pr->heads_kv, es, 1};
+    c.tensors[7] = (tensor_arg){"dv", &p->dv, ROWS_DK, pr->heads_kv, es, 1};
+    fa3c_backend backend;
+    if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
+
+    *out = *p;
+    out->backend = backend;
+    out->problem.softmax_scale = default_scale(pr);
+    if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_bwd_supported(out)) != FA3C_STATUS_OK) return s;
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p) {
+    fa3c_bwd_params r;
+    fa3c_status s = prepare_bwd(p, &r);
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
+    fa3c_bwd_params r;
+    fa3c_status s = prepare_bwd(p, &r);
+    if (s != FA3C_STATUS_OK) return s;
+    fa3c_clear_error();
+    switch (r.backend) {
+    case FA3C_BACKEND_CUDA: s = fa3c_cuda_bwd(&r, stream); break;
+    case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_bwd_reference(&r); break;
+    default: s = fa3c_cpu_bwd(&r); break;
+    }
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+int fa3c_cuda_available(void) {
+    /* A query, not a call that can fail: keep the last failure's message. */
+    char saved[1024];
+    strncpy(saved, fa3c_last_error(), sizeof saved - 1);
+    saved[sizeof saved - 1] = '\0';
+    int usable = fa3c_cuda_backend_usable();
+    if (saved[0])
+        fa3c_error(FA3C_STATUS_OK, "%s", saved);
+    else
+        fa3c_clear_error();
+    return usable;
+}

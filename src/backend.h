@@ -1,0 +1,44 @@
+/* Internal contract between the API layer (src/api.c) and the backends.
+ *
+ * api.c validates a call completely, fills in defaults (softmax_scale != 0
+ * afterwards) and then calls exactly one backend function. A backend may
+ * assume its params are valid; it reports only failures of its own
+ * (allocation, CUDA errors, combinations it does not support) through
+ * fa3c_error(). */
+#ifndef FA3C_BACKEND_H
+#define FA3C_BACKEND_H
+
+#include "fa3c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Set this thread's detailed message (printf-style) and return status s. */
+fa3c_status fa3c_error(fa3c_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* Clear this thread's message (after a successful call). */
+void fa3c_clear_error(void);
+
+/* CPU backend (src/cpu/). Pointers are host memory. */
+fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p);            /* tiled online softmax, float */
+fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p);  /* naive, double */
+fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p);
+fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p);
+
+/* CUDA backend (src/cuda/). Built only with nvcc; src/cuda_stub.c otherwise. */
+int fa3c_cuda_backend_usable(void);                 /* compiled in and an sm_90 GPU present */
+int fa3c_cuda_pointer_is_device(const void *ptr);   /* 1 if device (or managed) memory */
+fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream);
+fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream);
+/* NOT_SUPPORTED with a message when the CUDA backend cannot do this call. */
+fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p);
+fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

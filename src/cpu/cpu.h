@@ -1,0 +1,22 @@
+/* Internal declarations of the CPU backend (not exported, not public). */
+#ifndef FA3C_CPU_H
+#define FA3C_CPU_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Naive forward in the input precision, as FA's tests' attention_ref(upcast=False):
+ * float accumulation, but q·scale, the scores (and each softcap step), the
+ * probabilities and the output are rounded to the input dtype (BF16 for E4M3
+ * inputs, which are dequantized first). Writes out and, if set, lse (float
+ * log-sum-exp of the rounded scores). The accuracy rule measures a kernel
+ * against 2x this function's error versus fa3c_cpu_fwd_reference. */
+fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,162 @@
+/* The CUDA backend's host side: what it supports, and turning validated
+ * fa3c_fwd_params into kernel parameters (TMA descriptors, softmax
+ * constants) and a launch of the right instance. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend.h"
+#include "fwd_params.h"
+#include "fwd_tiles.h"
+#include "instances.h"
+#include "tensor_map.h"
+
+typedef struct {
+    fa3c_dtype dtype;
+    int headdim;
+    fa3c_fwd_launcher launch;
+} fwd_instance;
+
+#define FA3C_TABLE_ROW(name, dt, hd) {dt, hd, fa3c_fwd_sm90_##name},
+static const fwd_instance fwd_instances[] = {
+#ifdef FA3C_INST_bf16_hdim64
+    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64)
+#endif
+#ifdef FA3C_INST_bf16_hdim128
+    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128)
+#endif
+#ifdef FA3C_INST_bf16_hdim256
+    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256)
+#endif
+#ifdef FA3C_INST_fp16_hdim64
+    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64)
+#endif
+#ifdef FA3C_INST_fp16_hdim128
+    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128)
+#endif
+#ifdef FA3C_INST_fp16_hdim256
+    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256)
+#endif
+    {FA3C_DTYPE_FP32, 0, NULL}};
+
+static fa3c_fwd_launcher find_fwd(fa3c_dtype dtype, int headdim) {
+    for (size_t i = 0; fwd_instances[i].launch; i++)
+        if (fwd_instances[i].dtype == dtype && fwd_instances[i].headdim == headdim) return fwd_instances[i].launch;
+    return NULL;
+}
+
+int fa3c_cuda_backend_usable(void) {
+    int count = 0, dev = 0, major = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();   /* clear the sticky-free error so later calls start clean */
+        return 0;
+    }
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+    return major == 9;
+}
+
+int fa3c_cuda_pointer_is_device(const void *ptr) {
+    struct cudaPointerAttributes a;
+    if (!ptr || cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+static const char *dtype_name(fa3c_dtype d) {
+    switch (d) {
+    case FA3C_DTYPE_FP32: return "fp32";
+    case FA3C_DTYPE_FP16: return "fp16";
+    case FA3C_DTYPE_BF16: return "bf16";
+    case FA3C_DTYPE_E4M3: return "e4m3";
+    }
+    return "?";
+}
+
+static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
+    if ((uintptr_t)t->data % 16 != 0)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s.data: the CUDA backend needs 16-byte aligned tensors", name);
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
+    const fa3c_problem *pr = &p->problem;
+    if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16)",
+                          dtype_name(pr->dtype));
+    if (!find_fwd(pr->dtype, pr->headdim))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 128, 256; "
+                          "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
+    if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches are not supported yet");
+    if (pr->page_table)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: a paged KV cache is not supported yet");
+    if (p->num_splits > 1)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: split-KV (num_splits > 1) is not supported yet");
+    fa3c_status s;
+    if ((s = check_tensor("q", &p->q)) || (s = check_tensor("k", &p->k)) || (s = check_tensor("v", &p->v)) ||
+        (s = check_tensor("out", &p->out)))
+        return s;
+    for (int i = 0; i < 3; i++)
+        if (p->out.stride[i] % 2 != 0)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "out: the CUDA backend needs even strides (dim %d is %lld)",
+                              i, (long long)p->out.stride[i]);
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
+    fa3c_status s = fa3c_cuda_fwd_supported(p);
+    if (s != FA3C_STATUS_OK) return s;
+    const fa3c_problem *pr = &p->problem;
+    int block_n = FA3C_FWD_BLOCK_N(pr->headdim);
+    fa3c_fwd_kernel_params k;
+    memset(&k, 0, sizeof k);
+    if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim,
+                                  FA3C_FWD_BLOCK_M)) ||
+        (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
+                                  block_n)) ||
+        (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
+                                  block_n)))
+        return s;
+    k.out = p->out.data;
+    k.out_stride[0] = p->out.stride[0];
+    k.out_stride[1] = p->out.stride[1];
+    k.out_stride[2] = p->out.stride[2];
+    k.lse = p->lse;
+    k.batch = pr->batch;
+    k.seqlen_q = pr->seqlen_q;
+    k.seqlen_k = pr->seqlen_k;
+    k.heads_q = pr->heads_q;
+    k.heads_kv = pr->heads_kv;
+    k.num_m_blocks = (pr->seqlen_q + FA3C_FWD_BLOCK_M - 1) / FA3C_FWD_BLOCK_M;
+    if (k.num_m_blocks > 65535)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: seqlen_q %d is over 65535 * %d", pr->seqlen_q,
+                          FA3C_FWD_BLOCK_M);
+    const float log2e = 1.4426950408889634f;
+    if (pr->softcap > 0.f) {
+        /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */
+        k.softcap = pr->softcap;
+        k.softcap_pre = pr->softmax_scale / pr->softcap;
+        k.score_log2 = log2e;
+        k.lse_scale = 1.f;
+    } else {
+        k.score_log2 = pr->softmax_scale * log2e;
+        k.lse_scale = pr->softmax_scale;
+    }
+    k.window_left = pr->window_left;
+    k.window_right = pr->causal ? 0 : pr->window_right;
+    return find_fwd(pr->dtype, pr->headdim)(&k, stream);
+}
+
+fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
+    (void)p;
+    return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "the CUDA backward is not implemented yet (use backend CPU)");
+}
+
+fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
+    (void)stream;
+    return fa3c_cuda_bwd_supported(p);
+}

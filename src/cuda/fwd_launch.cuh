@@ -1,0 +1,26 @@
+// Launch of one forward instance; each src/cuda/inst/*.cu file expands
+// FA3C_FWD_INSTANCE once, so every kernel is its own translation unit.
+#pragma once
+#include <cuda_runtime.h>
+#include "fwd_sm90.cuh"
+#include "backend.h"
+
+template <int D, int FP16>
+static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
+    size_t smem = fwd_smem_bytes<D>();
+    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, FP16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
+                          smem, cudaGetErrorString(e));
+    dim3 grid(p->batch * p->heads_q, p->num_m_blocks);
+    fwd_kernel<D, FP16><<<grid, FA3C_FWD_THREADS, smem, stream>>>(*p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));
+    return FA3C_STATUS_OK;
+}
+
+#define FA3C_FWD_INSTANCE(NAME, D, FP16)                                                       \
+    extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \
+        return launch_fwd<D, FP16>(p, (cudaStream_t)stream);                                   \
+    }

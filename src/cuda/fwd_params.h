@@ -1,0 +1,33 @@
+/* The forward kernel's parameters: one POD struct, filled on the host by
+ * src/cuda/backend.c and passed by value (__grid_constant__) so the TMA
+ * descriptors inside it live in parameter space, as TMA requires. */
+#ifndef FA3C_FWD_PARAMS_H
+#define FA3C_FWD_PARAMS_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fa3c_fwd_kernel_params {
+    CUtensorMap q_map, k_map, v_map;   /* 128B-swizzled boxes of 64 x rows */
+    void *out;
+    int64_t out_stride[3];             /* elements: batch, seqlen, heads */
+    float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    int num_m_blocks;
+    /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
+     * p = exp2(s * score_log2 - max), lse = max_s * lse_scale + ln(sum). */
+    float score_log2;
+    float lse_scale;
+    float softcap;                     /* 0 = off */
+    float softcap_pre;                 /* softmax_scale / softcap */
+    int window_left, window_right;     /* -1 = unbounded; causal is right = 0 */
+} fa3c_fwd_kernel_params;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

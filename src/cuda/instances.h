@@ -1,0 +1,32 @@
+/* The forward kernel instances: one per (dtype, head dim), each in its own
+ * src/cuda/inst/fwd_<dtype>_hdim<D>.cu. The build defines FA3C_INST_<name>
+ * for those it compiles (option FA3C_INSTANCES), and backend.c's table lists
+ * only those. */
+#ifndef FA3C_INSTANCES_H
+#define FA3C_INSTANCES_H
+
+#include "fa3c.h"
+#include "fwd_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef fa3c_status (*fa3c_fwd_launcher)(const fa3c_fwd_kernel_params *p, void *stream);
+
+#define FA3C_FWD_INSTANCE_LIST(X) \
+    X(bf16_hdim64, FA3C_DTYPE_BF16, 64) \
+    X(bf16_hdim128, FA3C_DTYPE_BF16, 128) \
+    X(bf16_hdim256, FA3C_DTYPE_BF16, 256) \
+    X(fp16_hdim64, FA3C_DTYPE_FP16, 64) \
+    X(fp16_hdim128, FA3C_DTYPE_FP16, 128) \
+    X(fp16_hdim256, FA3C_DTYPE_FP16, 256)
+
+#define FA3C_DECLARE_FWD(name, dtype, hdim) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);
+FA3C_FWD_INSTANCE_LIST(FA3C_DECLARE_FWD)
+#undef FA3C_DECLARE_FWD
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,61 @@
+// Causal / sliding-window / sequence-end masking for the forward kernel.
+//
+// Query row i (0-based) may see keys j with lo(i) <= j <= hi(i), where the
+// diagonal is bottom-right aligned as in FA2/FA3 (src/problem.h, the CPU
+// definition): diag = i + seqlen_k - seqlen_q, lo = diag - window_left,
+// hi = min(diag + window_right, seqlen_k - 1); causal is window_right = 0.
+#pragma once
+#include "ptx.cuh"
+#include "fwd_params.h"
+
+// Inclusive key range of query row `row`.
+FA3C_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {
+    int diag = row + p.seqlen_k - p.seqlen_q;
+    lo = p.window_left >= 0 ? max(diag - p.window_left, 0) : 0;
+    hi = p.window_right >= 0 ? min(diag + p.window_right, p.seqlen_k - 1) : p.seqlen_k - 1;
+}
+
+// Last real query row of the CTA's rows [m0, m0 + block_m): rows past the
+// sequence end are computed (their Q rows read as zeros) but never written.
+FA3C_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block_m) {
+    return min(m0 + block_m, p.seqlen_q) - 1;
+}
+
+// Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) need at all.
+FA3C_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
+                                 int &n_begin, int &n_end) {
+    int lo_first, hi_first, lo_last, hi_last;
+    key_range(p, m0, lo_first, hi_first);
+    key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
+    n_begin = lo_first / block_n;
+    n_end = hi_last < 0 ? 0 : hi_last / block_n + 1;
+    if (n_end < n_begin) n_end = n_begin;
+}
+
+// 1 when some element of key block n is masked for some row of the CTA
+// (uniform over the CTA, so the mask loop is skipped without divergence).
+FA3C_DEVICE int block_needs_mask(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n, int n) {
+    int lo_first, hi_first, lo_last, hi_last;
+    key_range(p, m0, lo_first, hi_first);
+    key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
+    // lo and hi grow with the row: the tightest bounds are the last row's lo
+    // and the first row's hi.
+    return n * block_n < lo_last || (n + 1) * block_n - 1 > hi_first;
+}
+
+// Set masked scores of one accumulator tile (m64 x BLOCK_N, this thread's
+// registers) to -inf. Rows row0 and row0 + 8 belong to this thread; column of
+// register i is 8*(i/4) + 2*quad + (i%2).
+template <int BLOCK_N>
+FA3C_DEVICE void apply_mask(float *s, const fa3c_fwd_kernel_params &p, int row0, int n, int quad) {
+    int lo[2], hi[2];
+    key_range(p, row0, lo[0], hi[0]);
+    key_range(p, row0 + 8, lo[1], hi[1]);
+    int col_base = n * BLOCK_N + 2 * quad;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++) {
+        int r = (i / 2) % 2;
+        int col = col_base + 8 * (i / 4) + (i % 2);
+        if (col < lo[r] || col > hi[r]) s[i] = -INFINITY;
+    }
+}

@@ -1,0 +1,177 @@
+// Small inline-PTX helpers for sm_90a. Each is a few lines with a one-line
+// contract and the PTX ISA section it implements, so kernels read like the
+// algorithm. Shared-memory addresses are 32-bit .shared::cta addresses
+// (smem_addr()).
+#pragma once
+#include <stdint.h>
+#include <stdio.h>   // device printf in the debug hang trap
+#include <cuda.h>   // CUtensorMap (types only)
+
+#define FA3C_DEVICE static __device__ __forceinline__
+
+FA3C_DEVICE uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// ---- mbarrier (PTX ISA 9.7.13.15) -------------------------------------------
+
+// Initialise a barrier that completes a phase after `count` arrivals.
+FA3C_DEVICE void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+// Make barrier initialisation visible to the async proxy (TMA) and other threads.
+FA3C_DEVICE void fence_barrier_init(void) {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Arrive once and add `bytes` to the transaction count the phase waits for.
+FA3C_DEVICE void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// Arrive once (release semantics: earlier smem reads/writes are ordered before).
+FA3C_DEVICE void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// 1 when the phase with the given parity has completed.
+FA3C_DEVICE uint32_t mbar_try_wait_parity(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return done;
+}
+
+// Block until the phase with `parity` completes. With FA3C_DEBUG_HANGS a wait
+// that spins too long prints where it is and traps: a deadlock costs seconds.
+FA3C_DEVICE void mbar_wait_parity(uint64_t *bar, uint32_t parity) {
+#ifdef FA3C_DEBUG_HANGS
+    long long spins = 0;
+    while (!mbar_try_wait_parity(bar, parity)) {
+        if (++spins == (1ll << 26)) {
+            printf("fa3c: mbarrier wait timed out: block (%d,%d,%d) thread %d bar %p parity %u\n",
+                   blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, bar, parity);
+            __trap();
+        }
+    }
+#else
+    while (!mbar_try_wait_parity(bar, parity)) {
+    }
+#endif
+}
+
+// ---- TMA: bulk tensor copies (PTX ISA 9.7.9.25) -----------------------------
+
+// Hint the tensor map into the cache before the first copy uses it.
+FA3C_DEVICE void tma_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
+}
+
+// Load a 4-D box at coordinates (c0 innermost) into smem; completes on `bar`.
+FA3C_DEVICE void tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar,
+                             int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+        ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)),
+          "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+// Store a 4-D box from smem to global (bulk-group completion).
+FA3C_DEVICE void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+        ::"l"((uint64_t)map), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+FA3C_DEVICE void tma_store_commit(void) { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Wait until the smem sources of all committed stores have been read.
+FA3C_DEVICE void tma_store_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Order this thread's generic-proxy smem writes before later async-proxy
+// (TMA, wgmma) accesses; pair with a barrier.
+FA3C_DEVICE void fence_proxy_async_smem(void) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---- warpgroup MMA bookkeeping (PTX ISA 9.7.15.6) ---------------------------
+
+// Order register/smem accesses before the next wgmma.mma_async.
+FA3C_DEVICE void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+
+// Close the current group of issued wgmma operations.
+FA3C_DEVICE void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+
+// Wait until at most N committed groups are still pending.
+template <int N>
+FA3C_DEVICE void wgmma_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving accumulator accesses across fences/waits.
+FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Shared-memory matrix descriptor (PTX ISA 9.7.15.5.1) for a tile stored with
+// the 128-byte swizzle, 1024-byte aligned atoms (base offset 0).
+//   lbo: leading-dimension byte offset, sbo: stride byte offset.
+FA3C_DEVICE uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = 0;
+    d |= (uint64_t)((addr & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
+    d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
+    d |= (uint64_t)1 << 62;   // swizzle mode 1 = 128B
+    return d;
+}
+
+// ---- warp specialisation (PTX ISA 9.7.17.1, 9.7.13.1) -----------------------
+
+// Give up registers (producer) / claim them (consumers). Whole warpgroup.
+template <int N>
+FA3C_DEVICE void reg_dealloc(void) { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+FA3C_DEVICE void reg_alloc(void) { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+
+// Named barriers: wait until `count` threads have arrived at `id` (this one included).
+FA3C_DEVICE void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+// Arrive at `id` without waiting.
+FA3C_DEVICE void named_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---- arithmetic --------------------------------------------------------------
+
+// 2^x, flushing denormals (MUFU.EX2). ex2(-inf) = 0.
+FA3C_DEVICE float ex2f(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+FA3C_DEVICE float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in the low half.
+FA3C_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+FA3C_DEVICE uint32_t pack_f16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}

@@ -1,0 +1,67 @@
+// Online softmax on one consumer warpgroup's accumulator fragment.
+//
+// Each thread holds two rows (row0 and row0 + 8 of its warp's 16) and, per
+// row, BLOCK_N/4 scores spread over the 4 threads of a quad. Register i
+// belongs to row (i/2) % 2. Row maxima are reduced over the quad at once;
+// row sums stay per-thread partial sums until the end (rescaling is linear).
+#pragma once
+#include "ptx.cuh"
+
+struct SoftmaxState {
+    float max[2];        // running max of the scores (in score units)
+    float sum[2];        // this thread's partial sum of exp2 terms
+};
+
+FA3C_DEVICE void softmax_init(SoftmaxState &st) {
+    st.max[0] = st.max[1] = -INFINITY;
+    st.sum[0] = st.sum[1] = 0.f;
+}
+
+FA3C_DEVICE float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(~0u, x, 1));
+    return fmaxf(x, __shfl_xor_sync(~0u, x, 2));
+}
+
+FA3C_DEVICE float quad_sum(float x) {
+    x += __shfl_xor_sync(~0u, x, 1);
+    return x + __shfl_xor_sync(~0u, x, 2);
+}
+
+// Scores -> probabilities in place. Updates the running max, returns in
+// `rescale` the factor by which the old output and sum must be multiplied.
+// A row that has seen only masked scores keeps max = -inf; its offset is
+// taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
+template <int BLOCK_N>
+FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
+    float new_max[2] = {st.max[0], st.max[1]};
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++) new_max[(i / 2) % 2] = fmaxf(new_max[(i / 2) % 2], s[i]);
+    float offset[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        new_max[r] = quad_max(new_max[r]);
+        offset[r] = new_max[r] == -INFINITY ? 0.f : new_max[r] * score_log2;
+        rescale[r] = ex2f(st.max[r] * score_log2 - offset[r]);   // old max -inf -> 0
+        st.max[r] = new_max[r];
+        st.sum[r] *= rescale[r];
+    }
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++) {
+        int r = (i / 2) % 2;
+        s[i] = ex2f(fmaf(s[i], score_log2, -offset[r]));
+        st.sum[r] += s[i];
+    }
+}
+
+// Probabilities (f32 accumulator layout) -> wgmma A fragments of 16-bit
+// pairs. The m64n16 slice of the accumulator has the register-A layout of
+// k16, so this is a pure conversion, no shuffles.
+template <int BLOCK_N, int FP16>
+FA3C_DEVICE void probs_to_fragments(const float *s, uint32_t (*frag)[4]) {
+#pragma unroll
+    for (int k = 0; k < BLOCK_N / 16; k++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            frag[k][j] = FP16 ? pack_f16x2(s[8 * k + 2 * j], s[8 * k + 2 * j + 1])
+                              : pack_bf16x2(s[8 * k + 2 * j], s[8 * k + 2 * j + 1]);
+}

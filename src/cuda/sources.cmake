@@ -1,0 +1,18 @@
+# CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
+# ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute).
+set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim128 bf16_hdim256 fp16_hdim64 fp16_hdim128 fp16_hdim256)
+if(FA3C_INSTANCES STREQUAL "all")
+  set(_fa3c_selected ${FA3C_ALL_INSTANCES})
+else()
+  set(_fa3c_selected ${FA3C_INSTANCES})
+endif()
+set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c)
+set(_fa3c_defs "")
+foreach(inst ${_fa3c_selected})
+  if(NOT inst IN_LIST FA3C_ALL_INSTANCES)
+    message(FATAL_ERROR "FA3C_INSTANCES: unknown instance '${inst}' (known: ${FA3C_ALL_INSTANCES})")
+  endif()
+  list(APPEND FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/inst/fwd_${inst}.cu)
+  list(APPEND _fa3c_defs FA3C_INST_${inst}=1)
+endforeach()
+set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/backend.c PROPERTIES COMPILE_DEFINITIONS "${_fa3c_defs}")

@@ -1,0 +1,74 @@
+/* Host-side helpers that read an fa3c_problem: per-sequence lengths, the
+ * mask rule and element addressing. Shared by validation and the CPU backend
+ * so that the whole library agrees on one definition of each. Host memory
+ * only (cu_seqlens, seqused_k and page_table are dereferenced). */
+#ifndef FA3C_PROBLEM_H
+#define FA3C_PROBLEM_H
+
+#include <math.h>
+#include <stdint.h>
+#include "fa3c.h"
+
+static inline int fa3c_seqlen_q_of(const fa3c_problem *pr, int b) {
+    return pr->cu_seqlens_q ? pr->cu_seqlens_q[b + 1] - pr->cu_seqlens_q[b] : pr->seqlen_q;
+}
+
+static inline int fa3c_seqlen_k_of(const fa3c_problem *pr, int b) {
+    int n = pr->cu_seqlens_k ? pr->cu_seqlens_k[b + 1] - pr->cu_seqlens_k[b] : pr->seqlen_k;
+    if (pr->seqused_k && pr->seqused_k[b] < n) n = pr->seqused_k[b];
+    return n;
+}
+
+/* Keys [lo, hi] (inclusive) that query row i may see, for sequence lengths sq, sk.
+ * Bottom-right aligned as in FA2/FA3: the diagonal is j = i + sk - sq. The
+ * range may be empty (lo > hi): the row is fully masked. */
+static inline void fa3c_key_range(const fa3c_problem *pr, int i, int sq, int sk, int *lo, int *hi) {
+    long diag = (long)i + sk - sq;
+    long l = 0, h = sk - 1;
+    if (pr->window_left >= 0 && diag - pr->window_left > l) l = diag - pr->window_left;
+    long right = pr->causal ? 0 : pr->window_right; /* causal = window (left, 0) */
+    if (right >= 0 && diag + right < h) h = diag + right;
+    if (l > sk) l = sk;
+    if (h < -1) h = -1;
+    *lo = (int)l;
+    *hi = (int)h;
+}
+
+/* Element offset of row i, head h of a q-like tensor (q, out, dout, dq). */
+static inline int64_t fa3c_q_offset(const fa3c_problem *pr, const fa3c_tensor *t, int b, int i, int h) {
+    int64_t row = pr->cu_seqlens_q ? (int64_t)(pr->cu_seqlens_q[b] + i) * t->stride[1]
+                                   : (int64_t)b * t->stride[0] + (int64_t)i * t->stride[1];
+    return row + (int64_t)h * t->stride[2];
+}
+
+/* Element offset of key j, kv-head h of a k-like tensor (k, v, and dk, dv
+ * which are never paged). */
+static inline int64_t fa3c_k_offset(const fa3c_problem *pr, const fa3c_tensor *t, int b, int j, int h, int paged) {
+    int64_t row;
+    if (paged && pr->page_table) {
+        int64_t page = pr->page_table[(int64_t)b * pr->page_table_stride + j / pr->page_size];
+        row = page * t->stride[0] + (int64_t)(j % pr->page_size) * t->stride[1];
+    } else if (pr->cu_seqlens_k) {
+        row = (int64_t)(pr->cu_seqlens_k[b] + j) * t->stride[1];
+    } else {
+        row = (int64_t)b * t->stride[0] + (int64_t)j * t->stride[1];
+    }
+    return row + (int64_t)h * t->stride[2];
+}
+
+/* Index of (b, h, i) in the LSE array: (batch, heads, seqlen_q), or (heads, total_q) with varlen. */
+static inline int64_t fa3c_lse_index(const fa3c_problem *pr, int b, int h, int i) {
+    if (pr->cu_seqlens_q) {
+        int64_t total = pr->cu_seqlens_q[pr->batch];
+        return (int64_t)h * total + pr->cu_seqlens_q[b] + i;
+    }
+    return ((int64_t)b * pr->heads_q + h) * pr->seqlen_q + i;
+}
+
+/* Score transform shared by every backend: scale, then optional softcap. */
+static inline double fa3c_score(const fa3c_problem *pr, double qk) {
+    double s = qk * pr->softmax_scale;
+    return pr->softcap > 0 ? pr->softcap * tanh(s / pr->softcap) : s;
+}
+
+#endif

@@ -1,0 +1,64 @@
+// Helpers for the GPU step tests: CUDA error checks, the skip rule, and the
+// 128-byte swizzle model that the tests compare the hardware against.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include "harness.h"
+
+// Check a CUDA call; on failure record it and leave the test case.
+#define CUDA_OK(call)                                                                  \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            CHECK(e_ == cudaSuccess, "%s -> %s", #call, cudaGetErrorString(e_));       \
+            return;                                                                    \
+        }                                                                              \
+    } while (0)
+
+// 1 when an sm_90 GPU is usable; else a reason in `why`.
+static int gpu_sm90_present(char *why, size_t n) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(why, n, "no CUDA GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    if (prop.major != 9) {
+        snprintf(why, n, "GPU 0 is %s (sm_%d%d), not sm_90", prop.name, prop.major, prop.minor);
+        return 0;
+    }
+    return 1;
+}
+
+#define REQUIRE_SM90()                                                                 \
+    do {                                                                               \
+        char why_[256];                                                                \
+        if (!gpu_sm90_present(why_, sizeof why_)) SKIP("GPU test needs an sm_90 GPU: %s", why_); \
+    } while (0)
+
+// Byte offset of element (row, col) of a 16-bit tile of `rows` rows stored as
+// column chunks of 64 elements (128 B rows), each chunk `rows` x 128 B with
+// the 128-byte swizzle: 16-byte unit u of row r lands at u ^ (r % 8).
+static __host__ __device__ inline size_t sw128_offset(int rows, int row, int col) {
+    int chunk = col / 64, unit = (col % 64) / 8, elem = col % 8;
+    return (size_t)chunk * rows * 128 + (size_t)row * 128 + (size_t)((unit ^ (row & 7)) * 16) + elem * 2;
+}
+
+static uint64_t gpu_rng_state = 0x9E3779B97F4A7C15ull;
+static void gpu_rng_seed(uint64_t s) { gpu_rng_state = s ? s : 1; }
+static float gpu_randn(void) {
+    // xorshift64* then Box-Muller: cheap, reproducible from the printed seed.
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        gpu_rng_state ^= gpu_rng_state >> 12;
+        gpu_rng_state ^= gpu_rng_state << 25;
+        gpu_rng_state ^= gpu_rng_state >> 27;
+        u[i] = ((gpu_rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+    }
+    return (float)(sqrt(-2.0 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]));
+}

@@ -1,0 +1,285 @@
+// The Hopper forward kernel through the public API (backend CUDA) against
+// the float64 CPU reference, with ARCHITECTURE.md's accuracy rule:
+//   max|gpu - ref| <= 2 * max|naive-in-input-precision - ref| + atol,
+// LSE within a small absolute error, outputs poisoned first and every
+// element written, and a second run on the same inputs bit-identical (a
+// moving result is a race).
+#include "gpu_util.cuh"
+#include "testutil.h"
+#include "cpu/cpu.h"
+
+typedef struct {
+    fa3c_dtype dtype;
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim;
+    int causal, window_left, window_right;
+    float softcap;
+    int packed_qkv;      // q, k, v interleaved in one (b, s, 3h, d) buffer (needs heads_q == heads_kv)
+    float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
+} fwd_case;
+
+static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
+    fwd_case c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dt;
+    c.batch = b;
+    c.seqlen_q = sq;
+    c.seqlen_k = sk;
+    c.heads_q = c.heads_kv = h;
+    c.headdim = d;
+    c.window_left = c.window_right = -1;
+    return c;
+}
+
+// Host buffer of element size es on the device.
+static void *to_device(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) return NULL;
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    return d;
+}
+
+static void run_case(const char *label, fwd_case c) {
+    const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
+    const size_t es = tu_dtype_size(c.dtype);
+    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g\n",
+           label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
+           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier);
+
+    // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
+    int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    p.problem.dtype = c.dtype;
+    p.problem.batch = c.batch;
+    p.problem.seqlen_q = c.seqlen_q;
+    p.problem.seqlen_k = c.seqlen_k;
+    p.problem.heads_q = c.heads_q;
+    p.problem.heads_kv = c.heads_kv;
+    p.problem.headdim = c.headdim;
+    p.problem.causal = c.causal;
+    p.problem.window_left = c.window_left;
+    p.problem.window_right = c.window_right;
+    p.problem.softcap = c.softcap;
+    p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));   // explicit: the internal lowp reference needs it
+
+    void *hq, *hk, *hv, *hpacked = NULL;
+    if (c.packed_qkv) {
+        hpacked = tu_alloc(3 * nq * es);
+        tu_fill_normal(hpacked, c.dtype, 3 * nq, 1.f);
+        hq = hpacked;
+        hk = (char *)hpacked + HQ * D * es;
+        hv = (char *)hpacked + 2 * HQ * D * es;
+        for (int i = 0; i < 3; i++) {
+            fa3c_tensor *t = i == 0 ? &p.q : i == 1 ? &p.k : &p.v;
+            t->stride[0] = SQ * 3 * HQ * D;
+            t->stride[1] = 3 * HQ * D;
+            t->stride[2] = D;
+            t->stride[3] = 1;
+        }
+    } else {
+        hq = tu_alloc(nq * es);
+        hk = tu_alloc(nk * es);
+        hv = tu_alloc(nk * es);
+        tu_fill_normal(hq, c.dtype, nq, 1.f);
+        tu_fill_normal(hk, c.dtype, nk, 1.f);
+        tu_fill_normal(hv, c.dtype, nk, 1.f);
+        tu_strides_bshd(p.q.stride, B, SQ, HQ, D);
+        tu_strides_bshd(p.k.stride, B, SK, HK, D);
+        tu_strides_bshd(p.v.stride, B, SK, HK, D);
+    }
+    if (c.outlier > 0) {   // a few large entries in q and k: large logits
+        for (int64_t i = 0; i < nq / 1000 + 1; i++) {
+            int64_t j = tu_rand_int(0, (int)(nq - 1));
+            tu_store(hq, c.dtype, j, tu_load(hq, c.dtype, j) * c.outlier);
+        }
+        for (int64_t i = 0; i < nk / 1000 + 1; i++) {
+            int64_t j = tu_rand_int(0, (int)(nk - 1));
+            tu_store(hk, c.dtype, j, tu_load(hk, c.dtype, j) * c.outlier);
+        }
+    }
+    tu_strides_bshd(p.out.stride, B, SQ, HQ, D);
+
+    // Reference in float64 on fp32 copies (exact), and the naive low-precision one.
+    p.q.data = hq;
+    p.k.data = hk;
+    p.v.data = hv;
+    float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nk * 4);
+    tu_gather(fq, &p.q, c.dtype, B, SQ, HQ, D);
+    tu_gather(fk, &p.k, c.dtype, B, SK, HK, D);
+    tu_gather(fv, &p.v, c.dtype, B, SK, HK, D);
+    float *ref = (float *)tu_alloc(nq * 4), *ref_lse = (float *)tu_alloc(B * HQ * SQ * 4);
+    fa3c_fwd_params r = p;
+    r.problem.dtype = FA3C_DTYPE_FP32;
+    r.q = tu_tensor(fq, B, SQ, HQ, D);
+    r.k = tu_tensor(fk, B, SK, HK, D);
+    r.v = tu_tensor(fv, B, SK, HK, D);
+    r.out = tu_tensor(ref, B, SQ, HQ, D);
+    r.lse = ref_lse;
+    r.backend = FA3C_BACKEND_CPU_REFERENCE;
+    CHECK(fa3c_fwd(&r, NULL) == FA3C_STATUS_OK, "reference: %s", fa3c_last_error());
+
+    void *lowp = tu_alloc(nq * es);
+    fa3c_fwd_params lp = p;
+    lp.out.data = lowp;
+    lp.lse = NULL;
+    CHECK(fa3c_cpu_fwd_reference_lowp(&lp) == FA3C_STATUS_OK, "lowp reference: %s", fa3c_last_error());
+
+    // The GPU run, twice on the same inputs.
+    size_t in_bytes_q = (c.packed_qkv ? 3 * nq : nq) * es;
+    void *dq = to_device(hpacked ? hpacked : hq, in_bytes_q);
+    void *dk = hpacked ? (char *)dq + HQ * D * es : to_device(hk, nk * es);
+    void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
+    void *dout = NULL;
+    float *dlse = NULL;
+    CUDA_OK(cudaMalloc(&dout, nq * es));
+    CUDA_OK(cudaMalloc((void **)&dlse, B * HQ * SQ * 4));
+    void *gout[2] = {tu_alloc(nq * es), tu_alloc(nq * es)};
+    float *glse = (float *)tu_alloc(B * HQ * SQ * 4);
+    for (int run = 0; run < 2; run++) {
+        CUDA_OK(cudaMemset(dout, 0xFF, nq * es));   // NaN poison
+        CUDA_OK(cudaMemset(dlse, 0xFF, B * HQ * SQ * 4));
+        fa3c_fwd_params g = p;
+        g.q.data = dq;
+        g.k.data = dk;
+        g.v.data = dv;
+        g.out.data = dout;
+        g.lse = dlse;
+        g.backend = FA3C_BACKEND_CUDA;
+        fa3c_status st = fa3c_fwd(&g, NULL);
+        CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
+        if (st != FA3C_STATUS_OK) return;
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(gout[run], dout, nq * es, cudaMemcpyDeviceToHost));
+        if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
+    }
+
+    // Every element written, the rule met, the LSE close, the two runs equal.
+    float *gf = (float *)tu_alloc(nq * 4), *lf = (float *)tu_alloc(nq * 4);
+    for (int64_t i = 0; i < nq; i++) {
+        gf[i] = tu_load(gout[0], c.dtype, i);
+        lf[i] = tu_load(lowp, c.dtype, i);
+    }
+    int64_t unwritten = tu_count_nan(gout[0], c.dtype, nq);
+    double err = tu_max_abs_err(gf, ref, nq), err_lowp = tu_max_abs_err(lf, ref, nq);
+    double rel = tu_rel_l2_err(gf, ref, nq);
+    double atol = 1e-3;
+    double lse_err = 0;
+    int64_t lse_bad = 0;
+    for (int64_t i = 0; i < B * HQ * SQ; i++) {
+        if (isinf(ref_lse[i]) && isinf(glse[i]) && ref_lse[i] == glse[i]) continue;
+        double e = fabs((double)glse[i] - ref_lse[i]);
+        if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
+        if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
+    }
+    int identical = memcmp(gout[0], gout[1], nq * es) == 0;
+    printf("    max err %.3g (naive %s %.3g, bound %.3g), rel L2 %.3g, LSE max err %.3g, runs identical %d\n",
+           err, tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, rel, lse_err, identical);
+    CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
+    CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
+    CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
+    CHECK(identical, "two runs on the same inputs differ: a race");
+
+    cudaFree(dq);
+    if (!hpacked) { cudaFree(dk); cudaFree(dv); }
+    cudaFree(dout);
+    cudaFree(dlse);
+    free(hpacked ? hpacked : hq);
+    if (!hpacked) { free(hk); free(hv); }
+    free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
+    free(gout[0]); free(gout[1]); free(glse); free(gf); free(lf);
+}
+
+#define BF16 FA3C_DTYPE_BF16
+#define FP16 FA3C_DTYPE_FP16
+
+TEST(fwd_bf16_hdim128_basic) {
+    REQUIRE_SM90();
+    run_case("basic", base_case(BF16, 2, 384, 384, 4, 128));
+}
+TEST(fwd_bf16_hdim64) {
+    REQUIRE_SM90();
+    run_case("hdim64", base_case(BF16, 2, 500, 500, 3, 64));
+}
+TEST(fwd_bf16_hdim256) {
+    REQUIRE_SM90();
+    run_case("hdim256", base_case(BF16, 1, 300, 300, 2, 256));
+}
+TEST(fwd_fp16_hdim128) {
+    REQUIRE_SM90();
+    run_case("fp16", base_case(FP16, 2, 256, 256, 2, 128));
+}
+TEST(fwd_seqlen_1) {
+    REQUIRE_SM90();
+    run_case("seqlen 1", base_case(BF16, 3, 1, 1, 2, 128));
+    run_case("decode sq 1", base_case(BF16, 2, 1, 777, 2, 128));
+}
+TEST(fwd_seqlen_17_and_1000) {
+    REQUIRE_SM90();
+    run_case("17", base_case(BF16, 2, 17, 17, 2, 64));
+    run_case("1000", base_case(BF16, 1, 1000, 1000, 2, 128));
+}
+TEST(fwd_seqlen_4097) {
+    REQUIRE_SM90();
+    run_case("4097", base_case(BF16, 1, 4097, 4097, 1, 64));
+}
+TEST(fwd_causal) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 1000, 1000, 2, 128);
+    c.causal = 1;
+    run_case("causal", c);
+    c = base_case(BF16, 1, 333, 333, 2, 256);
+    c.causal = 1;
+    run_case("causal hdim256", c);
+}
+TEST(fwd_causal_sq_ne_sk) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 200, 700, 2, 128);   // bottom-right aligned
+    c.causal = 1;
+    run_case("causal sq<sk", c);
+    c = base_case(BF16, 2, 700, 200, 2, 64);              // first 500 rows fully masked
+    c.causal = 1;
+    run_case("causal sq>sk", c);
+}
+TEST(fwd_gqa_8_and_6) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 300, 300, 16, 128);
+    c.heads_kv = 2;
+    run_case("gqa 8:1", c);
+    c = base_case(BF16, 1, 300, 300, 12, 64);
+    c.heads_kv = 2;
+    c.causal = 1;
+    run_case("gqa 6:1 causal", c);
+}
+TEST(fwd_sliding_window) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 1, 1000, 1000, 2, 128);
+    c.window_left = 100;
+    c.window_right = 30;
+    run_case("window", c);
+    c = base_case(BF16, 1, 600, 300, 2, 64);   // rows before the keys start: fully masked
+    c.window_left = 20;
+    c.window_right = 0;
+    run_case("window fully masked rows", c);
+}
+TEST(fwd_softcap) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 1, 400, 400, 2, 128);
+    c.softcap = 30.f;
+    c.outlier = 10.f;
+    run_case("softcap", c);
+}
+TEST(fwd_large_logits) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 1, 512, 512, 2, 128);
+    c.outlier = 30.f;
+    run_case("outliers", c);
+}
+TEST(fwd_packed_qkv) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 300, 300, 3, 128);
+    c.packed_qkv = 1;
+    c.causal = 1;
+    run_case("packed qkv", c);
+}
+
+TEST_MAIN()

@@ -1,0 +1,145 @@
+// Step 1 of the GPU build-up: one warpgroup's wgmma against a CPU matmul.
+// Tiles are written into smem with the 128-byte swizzle by plain stores (the
+// model in gpu_util.cuh), so this checks the descriptors and the fragment
+// layouts independently of TMA.
+#include "gpu_util.cuh"
+#include "../../src/cuda/wgmma.cuh"
+
+// S(64x64) = A(64x128) · B(64x128)^T, both K-major: the Q·K^T shape.
+__global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
+        int r = i / 128, c = i % 128;
+        *(__nv_bfloat16 *)(sa + sw128_offset(64, r, c)) = a[i];
+        *(__nv_bfloat16 *)(sb + sw128_offset(64, r, c)) = b[i];
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 0.f;
+    wgmma_fence();
+    for (int kk = 0; kk < 8; kk++) {   // 8 k-steps of 16 over K = 128 (two 64-wide chunks)
+        uint32_t off = (kk / 4) * 64 * 128 + (kk % 4) * 32;
+        wgmma_ss<64, 0>(d, smem_desc_sw128(smem_addr(sa) + off, 16, 1024),
+                        smem_desc_sw128(smem_addr(sb) + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    for (int i = 0; i < 32; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+        out[row * 64 + col] = d[i];
+    }
+}
+
+// O(64x128) = P(64x64, registers) · V(64x128), V MN-major: the P·V shape.
+__global__ void wgmma_rs_kernel(const __nv_bfloat16 *p, const __nv_bfloat16 *v, float *out) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *sv = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
+        int r = i / 128, c = i % 128;
+        *(__nv_bfloat16 *)(sv + sw128_offset(64, r, c)) = v[i];
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    float d[64];
+    for (int i = 0; i < 64; i++) d[i] = 0.f;
+    wgmma_fence();
+    for (int kk = 0; kk < 4; kk++) {
+        // A fragment of rows 16w+g (+8), columns 16kk + 2q (+1) (+8).
+        uint32_t a[4];
+        int r0 = 16 * w + g, c0 = 16 * kk + 2 * q;
+        const uint32_t *p32 = (const uint32_t *)p;
+        a[0] = p32[(r0 * 64 + c0) / 2];
+        a[1] = p32[((r0 + 8) * 64 + c0) / 2];
+        a[2] = p32[(r0 * 64 + c0 + 8) / 2];
+        a[3] = p32[((r0 + 8) * 64 + c0 + 8) / 2];
+        wgmma_rs<128, 0>(d, a, smem_desc_sw128(smem_addr(sv) + kk * 16 * 128, 64 * 128, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < 64; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+        out[row * 128 + col] = d[i];
+    }
+}
+
+static void fill_bf16(__nv_bfloat16 *h, float *hf, int n) {
+    for (int i = 0; i < n; i++) {
+        h[i] = __float2bfloat16(gpu_randn());
+        hf[i] = __bfloat162float(h[i]);
+    }
+}
+
+TEST(wgmma_ss_qkt_64x64x128) {
+    REQUIRE_SM90();
+    gpu_rng_seed(1234);
+    static __nv_bfloat16 ha[64 * 128], hb[64 * 128];
+    static float fa[64 * 128], fb[64 * 128], out[64 * 64];
+    fill_bf16(ha, fa, 64 * 128);
+    fill_bf16(hb, fb, 64 * 128);
+    __nv_bfloat16 *da, *db;
+    float *dout;
+    CUDA_OK(cudaMalloc(&da, sizeof ha));
+    CUDA_OK(cudaMalloc(&db, sizeof hb));
+    CUDA_OK(cudaMalloc(&dout, sizeof out));
+    CUDA_OK(cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));   // NaN poison
+    int smem = 2 * 64 * 128 * 2 + 1024;
+    CUDA_OK(cudaFuncSetAttribute(wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    wgmma_ss_kernel<<<1, 128, smem>>>(da, db, dout);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    double maxerr = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 64; j++) {
+            double ref = 0;
+            for (int k = 0; k < 128; k++) ref += (double)fa[i * 128 + k] * fb[j * 128 + k];
+            double e = fabs(ref - out[i * 64 + j]);
+            if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
+        }
+    printf("wgmma ss max abs error %.3g\n", maxerr);
+    CHECK(maxerr < 1e-3, "max error %g", maxerr);
+    cudaFree(da); cudaFree(db); cudaFree(dout);
+}
+
+TEST(wgmma_rs_pv_64x128x64) {
+    REQUIRE_SM90();
+    gpu_rng_seed(99);
+    static __nv_bfloat16 hp[64 * 64], hv[64 * 128];
+    static float fp[64 * 64], fv[64 * 128], out[64 * 128];
+    fill_bf16(hp, fp, 64 * 64);
+    fill_bf16(hv, fv, 64 * 128);
+    __nv_bfloat16 *dp, *dv;
+    float *dout;
+    CUDA_OK(cudaMalloc(&dp, sizeof hp));
+    CUDA_OK(cudaMalloc(&dv, sizeof hv));
+    CUDA_OK(cudaMalloc(&dout, sizeof out));
+    CUDA_OK(cudaMemcpy(dp, hp, sizeof hp, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));
+    int smem = 64 * 128 * 2 + 1024;
+    CUDA_OK(cudaFuncSetAttribute(wgmma_rs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    wgmma_rs_kernel<<<1, 128, smem>>>(dp, dv, dout);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    double maxerr = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 128; j++) {
+            double ref = 0;
+            for (int k = 0; k < 64; k++) ref += (double)fp[i * 64 + k] * fv[k * 128 + j];
+            double e = fabs(ref - out[i * 128 + j]);
+            if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
+        }
+    printf("wgmma rs max abs error %.3g\n", maxerr);
+    CHECK(maxerr < 1e-3, "max error %g", maxerr);
+    cudaFree(dp); cudaFree(dv); cudaFree(dout);
+}
+
+TEST_MAIN()

@@ -1,0 +1,351 @@
+"""torch tensors: CPU tensors on the CPU backend, CUDA tensors on the CUDA backend.
+
+Skipped as a whole when torch is not installed (CI installs numpy only); the GPU
+tests skip unless an sm_90 GPU is present and libfa3c was built with CUDA.
+References are computed in torch from the math (float64), gradients through torch
+autograd of that reference.
+"""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only; "
+                            "run on the GPU machine for these tests)")
+
+import fa3c  # noqa: E402
+
+
+def _gpu_skip_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device visible to torch"
+    cap = torch.cuda.get_device_capability()
+    if cap != (9, 0):
+        return "needs an sm_90 GPU (found sm_%d%d)" % cap
+    if not fa3c.cuda_available():
+        return "libfa3c at %s has no usable CUDA backend" % fa3c.library_path()
+    return None
+
+
+GPU_SKIP = _gpu_skip_reason()
+gpu = pytest.mark.skipif(GPU_SKIP is not None, reason=str(GPU_SKIP))
+
+
+# ---- reference ------------------------------------------------------------------------
+
+def key_mask(sq, sk, causal, window, device):
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + sk - sq
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        ok &= j >= diag - left
+    if right >= 0:
+        ok &= j <= diag + right
+    return ok
+
+
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, upcast=True):
+    """(b, s, h, d) attention. upcast=True: float64 math (the oracle); upcast=False: the
+    naive computation in the input precision (scores, probabilities and output rounded)."""
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if upcast:
+        q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k).float() * scale if not upcast else \
+        torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    ok = key_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    rows = ok.any(-1, keepdim=True)
+    s = s.masked_fill(~ok, float("-inf")).masked_fill(~rows, 0.0)
+    p = torch.softmax(s, dim=-1) * rows
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~rows[..., 0], float("-inf"))
+    return out, lse
+
+
+def check(got, want, naive, atol, what):
+    got = got.double()
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert torch.isfinite(got).all(), "%s: non-finite values" % what
+    err = (got - want).abs().max().item()
+    nerr = (naive.double() - want).abs().max().item()
+    rel = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert err <= 2 * nerr + atol, ("%s: max error %.3g > 2 x naive %.3g + %g (rel L2 %.3g)"
+                                    % (what, err, nerr, atol, rel))
+
+
+ATOL = {torch.float32: 1e-5, torch.float16: 1e-4, torch.bfloat16: 1e-3}
+
+
+def rand(shape, dtype, device, requires_grad=False):
+    return torch.randn(shape, dtype=dtype, device=device).requires_grad_(requires_grad)
+
+
+def run_fwd(device, dtype, b, sq, sk, hq, hkv, d, **kw):
+    q, k, v = rand((b, sq, hq, d), dtype, device), rand((b, sk, hkv, d), dtype, device), rand((b, sk, hkv, d), dtype, device)
+    out, lse = fa3c.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    assert out.dtype == dtype and out.device == q.device
+    rk = dict(causal=kw.get("causal", False), window=kw.get("window_size", (-1, -1)),
+              softcap=kw.get("softcap", 0.0), scale=kw.get("softmax_scale"))
+    want, want_lse = attention_ref(q, k, v, **rk)
+    naive, _ = attention_ref(q, k, v, upcast=False, **rk)
+    tag = "%s %s b%d sq%d sk%d h%d/%d d%d %s" % (device, dtype, b, sq, sk, hq, hkv, d, kw)
+    check(out, want, naive, ATOL[dtype], tag)
+    fin = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), fin), tag + ": -inf rows of lse differ"
+    assert (lse.double()[fin] - want_lse[fin]).abs().max().item() < 1e-3, tag + ": lse"
+
+
+def run_grad(device, dtype, b, sq, sk, hq, hkv, d, atol_scale=1.0, **kw):
+    q, k, v = (rand(s, dtype, device, True) for s in ((b, sq, hq, d), (b, sk, hkv, d), (b, sk, hkv, d)))
+    out = fa3c.flash_attn_func(q, k, v, **kw)
+    g = torch.randn_like(out)
+    try:
+        grads = torch.autograd.grad(out, (q, k, v), g)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED and device != "cpu":
+            pytest.skip("no backward on the %s backend for this case yet: %s" % (device, e))
+        raise
+    rk = dict(causal=kw.get("causal", False), window=kw.get("window_size", (-1, -1)),
+              softcap=kw.get("softcap", 0.0))
+    want = torch.autograd.grad(attention_ref(q, k, v, **rk)[0], (q, k, v), g.double())
+    naive = torch.autograd.grad(attention_ref(q, k, v, upcast=False, **rk)[0], (q, k, v), g)
+    for name, a, w, n in zip(("dq", "dk", "dv"), grads, want, naive):
+        assert a.dtype == dtype and a.shape == w.shape
+        check(a, w, n, ATOL[dtype] * 10 * atol_scale, "%s %s %s" % (name, dtype, kw))
+
+
+# ---- CPU tensors -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 33), (31, 31), (45, 20)])
+def test_cpu_forward(dtype, causal, sq, sk):
+    torch.manual_seed(sq * 100 + sk)
+    run_fwd("cpu", dtype, 2, sq, sk, 6, 2, 64, causal=causal)
+
+
+@pytest.mark.parametrize("kw", [dict(window_size=(5, 2)), dict(softcap=2.0), dict(softmax_scale=0.5)])
+def test_cpu_forward_options(kw):
+    torch.manual_seed(1)
+    run_fwd("cpu", torch.float32, 2, 40, 50, 4, 4, 32, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True), dict(window_size=(6, 1)), dict(softcap=3.0)])
+def test_cpu_autograd(kw):
+    torch.manual_seed(2)
+    run_grad("cpu", torch.float32, 2, 30, 41, 4, 2, 32, **kw)
+
+
+def test_cpu_varlen_autograd():
+    torch.manual_seed(3)
+    lens_q, lens_k = [3, 17, 8], [10, 17, 2]
+    cu_q = torch.tensor([0, 3, 20, 28], dtype=torch.int32)
+    cu_k = torch.tensor([0, 10, 27, 29], dtype=torch.int32)
+    q = torch.randn(28, 4, 32, requires_grad=True)
+    k = torch.randn(29, 2, 32, requires_grad=True)
+    v = torch.randn(29, 2, 32, requires_grad=True)
+    out = fa3c.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, causal=True)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    for b in range(3):
+        qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        want = attention_ref(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], causal=True)[0]
+        assert (out[qs:qe].double() - want[0]).abs().max() < 1e-5
+        wg = torch.autograd.grad(want, (q, k, v), g[None, qs:qe].double())
+        # each sequence's reference gradient touches only its own rows
+        for a, w in zip(grads, wg):
+            sl = slice(qs, qe) if a.shape[0] == 28 else slice(ks, ke)
+            assert (a[sl].double() - w[sl]).abs().max() < 1e-4
+
+
+def test_cpu_compile_fullgraph():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 3 * 64)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.proj(x).view(b, s, 3, 4, 16).unbind(2)
+            return fa3c.flash_attn_func(q, k, v, causal=True).reshape(b, s, 64)
+
+    torch.manual_seed(4)
+    m = Block()
+    x = torch.randn(2, 24, 64, requires_grad=True)
+    eager = m(x)
+    compiled = torch.compile(m, fullgraph=True)(x)
+    assert (eager - compiled).abs().max() < 1e-5
+    compiled.sum().backward()  # through fa3c::bwd
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_opcheck_cpu():
+    q, k, v = torch.randn(1, 9, 2, 16), torch.randn(1, 11, 1, 16), torch.randn(1, 11, 1, 16)
+    args = (q, k, v, None, None, None, None, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, 1, False)
+    torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_cpu_error_carries_c_message():
+    q = torch.randn(1, 8, 2, 12)
+    with pytest.raises(fa3c.Fa3cError) as ei:
+        fa3c.flash_attn_func(q, q, q)
+    assert ei.value.status == fa3c.STATUS_INVALID_ARGUMENT
+    assert str(ei.value) == fa3c.last_error() != ""
+
+
+# ---- CUDA tensors --------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 1000), (113, 203), (256, 256), (1023, 1023), (700, 300)])
+def test_gpu_forward(dtype, causal, d, sq, sk):
+    torch.manual_seed(sq + sk + d)
+    try:
+        run_fwd("cuda", dtype, 2, sq, sk, 8, 2, d, causal=causal)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("CUDA backend: %s" % e)
+        raise
+
+
+@gpu
+@pytest.mark.parametrize("kw", [dict(window_size=(64, 16)), dict(softcap=30.0), dict(causal=True, window_size=(100, 0))])
+def test_gpu_forward_options(kw):
+    torch.manual_seed(5)
+    try:
+        run_fwd("cuda", torch.bfloat16, 2, 500, 640, 8, 8, 128, **kw)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("CUDA backend: %s" % e)
+        raise
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq,sk", [(128, 128), (333, 333), (200, 517)])
+def test_gpu_autograd(causal, d, sq, sk):
+    torch.manual_seed(6)
+    run_grad("cuda", torch.bfloat16, 2, sq, sk, 4, 2, d, causal=causal)
+
+
+@gpu
+def test_gpu_packed_qkv_strides():
+    torch.manual_seed(7)
+    qkv = torch.randn(2, 300, 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+    out = fa3c.flash_attn_qkvpacked_func(qkv, causal=True)
+    want = attention_ref(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)[0]
+    naive = attention_ref(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True, upcast=False)[0]
+    check(out, want, naive, 1e-3, "packed qkv")
+
+
+@gpu
+def test_gpu_uses_current_stream():
+    """fa3c must run on torch's current stream: q is written on a side stream after a long
+    sleep, and fa3c is queued behind it on that stream. On any other stream it would read
+    the stale zeros."""
+    torch.manual_seed(8)
+    q_src = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.zeros_like(q_src)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of spinning on s
+        q.copy_(q_src)
+        out = fa3c.flash_attn_func(q, k, v)
+    s.synchronize()
+    want = attention_ref(q_src, k, v)[0]
+    naive = attention_ref(q_src, k, v, upcast=False)[0]
+    check(out, want, naive, 1e-3, "side stream")
+
+
+@gpu
+def test_gpu_compile_fullgraph():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(512, 3 * 512)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.proj(x).view(b, s, 3, 4, 128).unbind(2)
+            return fa3c.flash_attn_func(q, k, v, causal=True).reshape(b, s, 512)
+
+    torch.manual_seed(9)
+    m = Block().cuda().to(torch.bfloat16)
+    x = torch.randn(2, 256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    eager = m(x)
+    compiled = torch.compile(m, fullgraph=True)(x)
+    assert (eager.float() - compiled.float()).abs().max() < 2e-2
+    try:
+        compiled.float().sum().backward()
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("forward compiled fine; no CUDA backward yet: %s" % e)
+        raise
+    assert torch.isfinite(x.grad).all()
+
+
+@gpu
+def test_gpu_varlen():
+    torch.manual_seed(10)
+    cu = torch.tensor([0, 100, 350, 351], dtype=torch.int32, device="cuda")
+    q = torch.randn(351, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    try:
+        out = fa3c.flash_attn_varlen_func(q, k, v, cu, cu, 250, 250, causal=True)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("CUDA backend has no varlen yet: %s" % e)
+        raise
+    for b in range(3):
+        a, e_ = cu[b].item(), cu[b + 1].item()
+        want = attention_ref(q[None, a:e_], k[None, a:e_], v[None, a:e_], causal=True)[0][0]
+        naive = attention_ref(q[None, a:e_], k[None, a:e_], v[None, a:e_], causal=True, upcast=False)[0][0]
+        check(out[a:e_], want, naive, 1e-3, "varlen seq %d" % b)
+
+
+@gpu
+def test_gpu_fp8_forward():
+    torch.manual_seed(11)
+    b, s, h, d = 2, 512, 4, 128
+    q, k, v = (torch.randn(b, s, h, d, device="cuda") for _ in range(3))
+    descale = torch.full((b, h), 0.5, device="cuda")
+    q8, k8, v8 = ((x / 0.5).to(torch.float8_e4m3fn) for x in (q, k, v))
+    try:
+        out = fa3c.flash_attn_func(q8, k8, v8, q_descale=descale, k_descale=descale, v_descale=descale)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("CUDA backend has no fp8 yet: %s" % e)
+        raise
+    assert out.dtype == torch.bfloat16
+    deq = [x.double() * 0.5 for x in (q8, k8, v8)]
+    want = attention_ref(*deq)[0]
+    rel = ((out.double() - want).norm() / want.norm()).item()
+    assert rel < 5e-2, "fp8 rel L2 error %.3g" % rel
+
+
+@gpu
+def test_gpu_error_carries_c_message():
+    q = torch.randn(1, 8, 2, 12, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(fa3c.Fa3cError) as ei:
+        fa3c.flash_attn_func(q, q, q)
+    assert str(ei.value) == fa3c.last_error() != ""
+
+
+@gpu
+def test_opcheck_gpu():
+    q = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
+    args = (q, q, q, None, None, None, None, None, None, None, 0, 0, 0.088, True, -1, -1, 0.0, 1, False)
+    torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install a configured build tree into BUILD/_install and build the README's
+# example (examples/hello.c) against it, as a user would: once through
+# find_package(fa3c) and once through pkg-config. Usage: check_install.sh BUILD
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+prefix=$PWD/$build/_install
+rm -rf "$prefix" "$build/_consumer"
+cmake --install "$build" --prefix "$prefix" > /dev/null
+
+echo "-- find_package(fa3c)"
+cmake -S examples -B "$build/_consumer" -DCMAKE_PREFIX_PATH="$prefix" > /dev/null
+cmake --build "$build/_consumer" > /dev/null
+"$build/_consumer/hello"
+
+echo "-- pkg-config fa3c"
+if command -v pkg-config > /dev/null; then
+    # The .pc names the configure-time prefix; --define-prefix relocates it to
+    # where we installed (a user installing to CMAKE_INSTALL_PREFIX needs neither).
+    pc() { PKG_CONFIG_PATH="$prefix/lib/pkgconfig:$prefix/lib64/pkgconfig" pkg-config --define-prefix "$@" fa3c; }
+    libdir=$(pc --variable=libdir)
+    # shellcheck disable=SC2046  # pkg-config prints flags meant to be split
+    cc -std=c11 -o "$build/_consumer/hello_pc" examples/hello.c $(pc --cflags --libs) -lm -Wl,-rpath,"$libdir"
+    "$build/_consumer/hello_pc"
+else
+    echo "pkg-config not installed: skipped"
+fi

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One call on the Hopper machine: build, GPU tests, sanitizer, SASS check,
+# benchmark. Full logs go to $OUT (default ./gpu-out); a short table is printed
+# last. Every GPU command runs under `timeout`, and the test build traps on a
+# stuck barrier wait (FA3C_DEBUG_HANGS), so a deadlock costs seconds.
+#   bash tools/gpu_check.sh [quick|full]   (quick: fewer benchmark shapes)
+set -u
+MODE=${1:-quick}
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+J=$(nproc)
+summary=()
+note() { echo "== $*"; summary+=("$*"); }
+
+{ nvidia-smi; nvcc --version; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$OUT/env.log" 2>&1
+head -15 "$OUT/env.log"
+
+# 1. Two builds: tests with hang traps, benchmark without.
+t0=$(date +%s)
+timeout 480 cmake -S . -B build-gpu-debug -DFA3C_DEBUG_HANGS=ON >"$OUT/build.log" 2>&1 &&
+  timeout 480 cmake --build build-gpu-debug -j"$J" >>"$OUT/build.log" 2>&1 &&
+  timeout 480 cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF >>"$OUT/build.log" 2>&1 &&
+  timeout 480 cmake --build build-gpu -j"$J" >>"$OUT/build.log" 2>&1
+build_rc=$?
+note "build rc=$build_rc in $(( $(date +%s) - t0 )) s; ptxas warnings: $(grep -cE 'warning.*C75|C7508|C7510|C7515' "$OUT/build.log"); spill lines: $(grep -E 'spill' "$OUT/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
+[ $build_rc -eq 0 ] || { tail -40 "$OUT/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
+grep -E "Used [0-9]+ registers" "$OUT/build.log" | sort | uniq -c | head -5
+
+# 2. SASS: the kernels must use HGMMA (warpgroup MMA), TMA and setmaxnreg.
+obj=$(find build-gpu -name 'fwd_bf16_hdim128.cu.o' | head -1)
+if command -v cuobjdump >/dev/null && [ -n "$obj" ]; then
+  cuobjdump --dump-sass "$obj" >"$OUT/sass_bf16_hdim128.txt" 2>&1
+  note "SASS bf16 hdim128: HGMMA $(grep -c HGMMA "$OUT/sass_bf16_hdim128.txt"), UTMALDG $(grep -c UTMALDG "$OUT/sass_bf16_hdim128.txt"), USETMAXREG $(grep -c USETMAXREG "$OUT/sass_bf16_hdim128.txt")"
+fi
+
+# 3. GPU tests (step tests first: wgmma, TMA, mbarrier ring; then the forward suite).
+(cd build-gpu-debug && timeout 420 ctest -L gpu --output-on-failure --timeout 180 -j1) >"$OUT/gpu_tests.log" 2>&1
+note "GPU tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)"
+grep -E "Failed|\*\*\*|FAIL" "$OUT/gpu_tests.log" | head -20
+grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null | head -80 >"$OUT/fwd_errors.log"
+
+# 4. compute-sanitizer on small cases (memcheck, racecheck).
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd fwd_seqlen_17_and_1000 >"$OUT/sanitizer_$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  done
+fi
+
+# 5. Benchmark: fa3c alone (C, CUDA events), then fa3c and the peers in one process if bench/bench.py exists.
+timeout 300 build-gpu/bench_fwd_gpu $([ "$MODE" = quick ] && echo --quick) --csv "$OUT/bench_fwd_gpu.csv" >"$OUT/bench_fwd_gpu.log" 2>&1
+note "bench_fwd_gpu rc=$?"
+if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
+  FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 420 python3 bench/bench.py \
+    $([ "$MODE" = quick ] && echo --quick) --out "$OUT" >"$OUT/bench_py.log" 2>&1
+  note "bench.py rc=$?"
+fi
+
+echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
+echo; echo "==== fa3c forward (bf16, TFLOPS)"; cat "$OUT/bench_fwd_gpu.log"
+[ -f "$OUT/results.md" ] && { echo; echo "==== vs peers"; cat "$OUT/results.md"; }
+exit 0

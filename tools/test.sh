@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Build fa3c into build/ and run every test: the C suite through ctest (GPU
+# cases skip with a message when there is no sm_90 GPU), the install check
+# (find_package and pkg-config consumers) and the Python tests when present.
+# Runs every stage, then exits non-zero if any failed.
+# FA3C_CMAKE_ARGS adds configure options (e.g. -DFA3C_CUDA=OFF).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+failed=()
+stage() { # stage NAME COMMAND...: run, remember a failure, go on
+    local name=$1
+    shift
+    echo "==== $name"
+    if ! "$@"; then
+        echo "==== $name: FAILED"
+        failed+=("$name")
+    fi
+}
+
+# shellcheck disable=SC2086  # FA3C_CMAKE_ARGS is a list of words on purpose
+if ! cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${FA3C_CMAKE_ARGS:-} ||
+    ! cmake --build build -j "$(nproc)"; then
+    echo "==== build: FAILED"
+    exit 1
+fi
+stage ctest bash -c 'cd build && ctest --output-on-failure -j2'
+stage install bash tools/check_install.sh build
+if [ -f tools/test_python.sh ]; then
+    stage python bash tools/test_python.sh
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all tests passed"
