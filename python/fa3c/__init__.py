@@ -23,13 +23,15 @@ from ._lib import (Fa3cError, cuda_available, e4m3_to_float, float_to_e4m3, last
                    STATUS_OUT_OF_MEMORY, STATUS_NO_DEVICE, STATUS_CUDA_ERROR,
                    STATUS_INTERNAL_ERROR)
 from .interface import (backward, flash_attn_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func, flash_attn_with_kvcache, forward)
+                        flash_attn_varlen_func, flash_attn_with_kvcache, forward,
+                        prepare_backward, prepare_forward)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
-    "flash_attn_with_kvcache", "forward", "backward", "Fa3cError", "version",
+    "flash_attn_with_kvcache", "forward", "backward", "prepare_forward", "prepare_backward",
+    "Fa3cError", "version",
     "cuda_available", "library_path", "last_error", "status_string",
     "float_to_e4m3", "e4m3_to_float",
 ]

@@ -100,6 +100,9 @@ class Fa3cError(RuntimeError):
         self.status_string = status_string
         self.message = message
 
+    def __reduce__(self):  # keep status through pickling (multiprocessing, DataLoader workers)
+        return (type(self), (self.status, self.message, self.status_string))
+
 
 _lock = threading.Lock()
 _handle = None

@@ -209,27 +209,49 @@ def _descales(q, k, q_descale, k_descale, v_descale, batch, heads_kv):
     return out
 
 
+class _Attention(torch.autograd.Function):
+    """The differentiable entry point. Same math as fwd_op's register_autograd, but a
+    plain autograd.Function costs about half the per-call Python of the custom op's
+    generated autograd wrapper; dynamo traces it (and the ops inside) with fullgraph."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal,
+                wl, wr, softcap, num_splits, deterministic):
+        out, lse = torch.ops.fa3c.fwd(q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk,
+                                      scale, causal, wl, wr, softcap, num_splits, deterministic)
+        _setup_context(ctx, (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale,
+                             causal, wl, wr, softcap, num_splits, deterministic), (out, lse))
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
 def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
               causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None,
               v_descale=None, num_splits=1, deterministic=False):
-    """Differentiable attention through the custom op. Returns (out, lse)."""
+    """Differentiable attention through the custom ops. Returns (out, lse)."""
     if softmax_scale is None:
         softmax_scale = _core.default_scale(q.shape[-1])
     if cu_seqlens_q is not None and max_seqlen_q is None:
         max_seqlen_q = OPS.max_diff(cu_seqlens_q)
     if cu_seqlens_k is not None and max_seqlen_k is None:
         max_seqlen_k = OPS.max_diff(cu_seqlens_k)
-    if cu_seqlens_q is not None:
-        batch = cu_seqlens_q.shape[0] - 1
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+        qd, kd, vd = _descales(q, k, q_descale, k_descale, v_descale, batch, k.shape[-2])
     else:
-        batch = q.shape[0]
-    qd, kd, vd = _descales(q, k, q_descale, k_descale, v_descale, batch, k.shape[-2])
+        qd = kd = vd = None
     wl, wr = window_size
-    return torch.ops.fa3c.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
-                              qd, kd, vd, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
-                              float(softmax_scale), bool(causal), int(wl), int(wr),
-                              float(softcap or 0.0), int(num_splits), bool(deterministic))
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, qd, kd, vd,
+            int(max_seqlen_q or 0), int(max_seqlen_k or 0), float(softmax_scale), bool(causal),
+            int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(*args)
+    return torch.ops.fa3c.fwd(*args)
 
 
 def to_int32_tensor(x, like):

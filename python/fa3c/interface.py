@@ -238,6 +238,30 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
                               deterministic=deterministic, backend=backend, stream=stream)
 
 
+def prepare_forward(q, k, v, *, backend=None, **kw):
+    """Build one fa3c_fwd call (same keywords as forward) without running it. Returns
+    a call object: .run() launches it (on the stream current at prepare time, or
+    .run(stream)) and returns (out, lse), the same arrays every time. The inputs are
+    referenced, not copied: update them in place between runs. For benchmarks and
+    repeated launches where per-call Python work matters."""
+    ops = _ops_for(q)
+    stream, guard, backend = _where(q, backend)
+    with guard:
+        call = _core.prepare_forward(ops, q, k, v, backend=backend, **kw)
+    call.stream = stream
+    return call
+
+
+def prepare_backward(dout, q, k, v, out, lse, *, backend=None, **kw):
+    """As prepare_forward, for fa3c_bwd: .run() returns (dq, dk, dv)."""
+    ops = _ops_for(q)
+    stream, guard, backend = _where(q, backend)
+    with guard:
+        call = _core.prepare_backward(ops, dout, q, k, v, out, lse, backend=backend, **kw)
+    call.stream = stream
+    return call
+
+
 def _where(q, backend):
     if _is_torch(q):
         be, stream, guard = _torch()._launch(q)

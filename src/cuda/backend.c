@@ -3,6 +3,7 @@
  * constants) and a launch of the right instance. */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend.h"
@@ -22,8 +23,14 @@ static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
     FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64)
 #endif
+#ifdef FA3C_INST_bf16_hdim96
+    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96)
+#endif
 #ifdef FA3C_INST_bf16_hdim128
     FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128)
+#endif
+#ifdef FA3C_INST_bf16_hdim192
+    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192)
 #endif
 #ifdef FA3C_INST_bf16_hdim256
     FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256)
@@ -31,8 +38,14 @@ static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_fp16_hdim64
     FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64)
 #endif
+#ifdef FA3C_INST_fp16_hdim96
+    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96)
+#endif
 #ifdef FA3C_INST_fp16_hdim128
     FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128)
+#endif
+#ifdef FA3C_INST_fp16_hdim192
+    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192)
 #endif
 #ifdef FA3C_INST_fp16_hdim256
     FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256)
@@ -45,15 +58,28 @@ static fa3c_fwd_launcher find_fwd(fa3c_dtype dtype, int headdim) {
     return NULL;
 }
 
+/* On 0, this thread's error message says why (api.c quotes it). */
 int fa3c_cuda_backend_usable(void) {
-    int count = 0, dev = 0, major = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();   /* clear the sticky-free error so later calls start clean */
+    int count = 0, dev = 0, major = 0, minor = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();   /* not a sticky error: clear it so later calls start clean */
+        fa3c_error(FA3C_STATUS_NO_DEVICE, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
         return 0;
     }
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-    return major == 9;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        fa3c_error(FA3C_STATUS_NO_DEVICE, "cannot query the current CUDA device");
+        return 0;
+    }
+    if (major != 9) {
+        fa3c_error(FA3C_STATUS_NO_DEVICE, "device %d is sm_%d%d; the kernels are built for sm_90a (H100/H200)", dev,
+                   major, minor);
+        return 0;
+    }
+    return 1;
 }
 
 int fa3c_cuda_pointer_is_device(const void *ptr) {
@@ -81,6 +107,13 @@ static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
     return FA3C_STATUS_OK;
 }
 
+/* Inputs are read with TMA: aligned, and strides in multiples of 16 bytes. */
+static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, const fa3c_problem *pr, int seqlen,
+                                   int heads) {
+    fa3c_status s = check_tensor(name, t);
+    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, pr->batch, seqlen, heads);
+}
+
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &p->problem;
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
@@ -88,7 +121,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
                           dtype_name(pr->dtype));
     if (!find_fwd(pr->dtype, pr->headdim))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 128, 256; "
+                          "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
     if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches are not supported yet");
@@ -97,8 +130,9 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (p->num_splits > 1)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: split-KV (num_splits > 1) is not supported yet");
     fa3c_status s;
-    if ((s = check_tensor("q", &p->q)) || (s = check_tensor("k", &p->k)) || (s = check_tensor("v", &p->v)) ||
-        (s = check_tensor("out", &p->out)))
+    if ((s = check_tma_input("q", &p->q, pr, pr->seqlen_q, pr->heads_q)) ||
+        (s = check_tma_input("k", &p->k, pr, pr->seqlen_k, pr->heads_kv)) ||
+        (s = check_tma_input("v", &p->v, pr, pr->seqlen_k, pr->heads_kv)) || (s = check_tensor("out", &p->out)))
         return s;
     for (int i = 0; i < 3; i++)
         if (p->out.stride[i] % 2 != 0)
@@ -111,15 +145,15 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_status s = fa3c_cuda_fwd_supported(p);
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
-    int block_n = FA3C_FWD_BLOCK_N(pr->headdim);
+    int block_n = FA3C_FWD_BLOCK_N(pr->headdim), cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
-    if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim,
+    if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim, cols,
                                   FA3C_FWD_BLOCK_M)) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  block_n)) ||
+                                  cols, block_n)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  block_n)))
+                                  cols, block_n)))
         return s;
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];
@@ -132,8 +166,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.heads_q = pr->heads_q;
     k.heads_kv = pr->heads_kv;
     k.num_m_blocks = (pr->seqlen_q + FA3C_FWD_BLOCK_M - 1) / FA3C_FWD_BLOCK_M;
-    if (k.num_m_blocks > 65535)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: seqlen_q %d is over 65535 * %d", pr->seqlen_q,
+    if ((int64_t)k.num_m_blocks * pr->batch * pr->heads_q > INT32_MAX)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
                           FA3C_FWD_BLOCK_M);
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {

@@ -12,7 +12,15 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
-    dim3 grid(p->batch * p->heads_q, p->num_m_blocks);
+    // Persistent: one CTA per SM walks the tiles; else one CTA per tile.
+    long long tiles = (long long)p->num_m_blocks * p->batch * p->heads_q;
+    int grid = (int)tiles;
+    if (FA3C_FWD_PERSISTENT) {
+        int dev = 0, sms = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0 && sms < grid)
+            grid = sms;
+    }
     fwd_kernel<D, FP16><<<grid, FA3C_FWD_THREADS, smem, stream>>>(*p);
     e = cudaGetLastError();
     if (e != cudaSuccess)

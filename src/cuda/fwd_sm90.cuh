@@ -20,6 +20,7 @@
 #include "fwd_tiles.h"
 #include "mask.cuh"
 #include "softmax.cuh"
+#include "scheduler.cuh"
 
 // Named-barrier ids (0 is __syncthreads): one per consumer warpgroup for
 // the pingpong turn-taking.
@@ -30,28 +31,10 @@ struct FwdSmem {
     alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
-    uint64_t q_full;
+    uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
 };
-
-// Position of the CTA's work: rows [m0, m0 + 128) of (batch, head).
-struct FwdTile {
-    int batch, head, head_kv, m0;
-    int n_begin, n_end;   // key blocks to visit, visited from n_end - 1 down
-};
-
-FA3C_DEVICE FwdTile fwd_tile(const fa3c_fwd_kernel_params &p, int block_n) {
-    FwdTile t;
-    t.batch = blockIdx.x / p.heads_q;
-    t.head = blockIdx.x % p.heads_q;
-    t.head_kv = t.head / (p.heads_q / p.heads_kv);
-    // blockIdx.y runs fastest-scheduled first: give it the longest (last) rows,
-    // which under causal masking have the most key blocks.
-    t.m0 = (p.num_m_blocks - 1 - blockIdx.y) * FA3C_FWD_BLOCK_M;
-    key_block_range(p, t.m0, FA3C_FWD_BLOCK_M, block_n, t.n_begin, t.n_end);
-    return t;
-}
 
 // Ring slot and barrier parity of the it-th key block.
 FA3C_DEVICE int stage_of(int it, int stages) { return it % stages; }
@@ -59,54 +42,77 @@ FA3C_DEVICE uint32_t phase_of(int it, int stages) { return (uint32_t)(it / stage
 
 // ---- producer ----------------------------------------------------------------
 
-// TMA loads of one rows x D tile as D/64 boxes of 64 columns.
+// A tile of ROWS x D 16-bit elements is stored as D / CHUNK column chunks of
+// ROWS rows x ROW_BYTES, swizzled; one TMA box per chunk.
+template <int D>
+struct TileLayout {
+    enum { CHUNK = FA3C_FWD_CHUNK_COLS(D), ROW_BYTES = CHUNK * 2, ATOM_BYTES = 8 * ROW_BYTES };
+};
+
 template <int D, int ROWS>
 FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int row0, int head, int batch) {
+    typedef TileLayout<D> L;
 #pragma unroll
-    for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, row0, head, batch);
+    for (int c = 0; c < D / L::CHUNK; c++)
+        tma_load_4d(dst + c * ROWS * L::ROW_BYTES, map, bar, c * L::CHUNK, row0, head, batch);
 }
 
+// One thread streams, for every tile of this CTA, Q once (when the previous
+// tile's consumers are done with it) and K, V per key block through the ring.
+// `ring` counts key blocks over all tiles: it fixes slot and parity.
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t) {
-    mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M * D * 2);
-    load_tile<D, FA3C_FWD_BLOCK_M>(sm.q, &p.q_map, &sm.q_full, t.m0, t.head, t.batch);
-    int it = 0;
-    for (int n = t.n_end - 1; n >= t.n_begin; n--, it++) {
-        int s = stage_of(it, STAGES);
-        uint32_t ph = phase_of(it, STAGES);
-        mbar_wait_parity(&sm.k_empty[s], ph ^ 1);   // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
-        load_tile<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
-        mbar_wait_parity(&sm.v_empty[s], ph ^ 1);
-        mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
-        load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
+    int ring = 0, q_uses = 0;
+    for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M, BLOCK_N);
+        if (tile_is_empty(t)) continue;
+        mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
+        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M * D * 2);
+        load_tile<D, FA3C_FWD_BLOCK_M>(sm.q, &p.q_map, &sm.q_full, t.m0, t.head, t.batch);
+        for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
+            int s = stage_of(ring, STAGES);
+            uint32_t ph = phase_of(ring, STAGES);
+            mbar_wait_parity(&sm.k_empty[s], ph ^ 1);
+            mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
+            load_tile<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
+            mbar_wait_parity(&sm.v_empty[s], ph ^ 1);
+            mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
+            load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+        }
     }
 }
 
 // ---- consumer GEMMs ------------------------------------------------------------
 
-// S(64 x BLOCK_N) = Q(rows of this warpgroup) · K(stage)ᵀ; both tiles K-major
-// with the 128B swizzle: a k-step of 16 is +32 B inside a 64-column chunk.
+// S(64 x BLOCK_N) = Q(rows of this warpgroup) · K(stage)ᵀ; both tiles
+// K-major: a k-step of 16 elements is +32 B inside a chunk's row, chunks are
+// ROWS * ROW_BYTES apart, 8-row atoms ATOM_BYTES apart.
 template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consumer) {
-    uint32_t q_addr = smem_addr(q) + consumer * 64 * 128, k_addr = smem_addr(k);
+    typedef TileLayout<D> L;
+    enum { STEPS_PER_CHUNK = L::CHUNK / 16 };
+    uint32_t q_addr = smem_addr(q) + consumer * 64 * L::ROW_BYTES, k_addr = smem_addr(k);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t q_off = (kk / 4) * FA3C_FWD_BLOCK_M * 128 + (kk % 4) * 32;
-        uint32_t k_off = (kk / 4) * BLOCK_N * 128 + (kk % 4) * 32;
-        wgmma_ss<BLOCK_N, FP16>(s, smem_desc_sw128(q_addr + q_off, 16, 1024),
-                                smem_desc_sw128(k_addr + k_off, 16, 1024), kk > 0);
+        uint32_t in_row = (kk % STEPS_PER_CHUNK) * 32, chunk = kk / STEPS_PER_CHUNK;
+        uint32_t q_off = chunk * FA3C_FWD_BLOCK_M * L::ROW_BYTES + in_row;
+        uint32_t k_off = chunk * BLOCK_N * L::ROW_BYTES + in_row;
+        wgmma_ss<BLOCK_N, FP16>(s, smem_desc_swizzled(q_addr + q_off, 16, L::ATOM_BYTES, L::ROW_BYTES),
+                                smem_desc_swizzled(k_addr + k_off, 16, L::ATOM_BYTES, L::ROW_BYTES), kk > 0);
     }
 }
 
 // O(64 x D) += P(64 x BLOCK_N, registers) · V(stage); V is MN-major: a k-step
-// is 16 rows (2 KB), 64-column chunks are BLOCK_N * 128 B apart.
+// is 16 rows, chunks of CHUNK columns are BLOCK_N * ROW_BYTES apart (LBO).
 template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
+    typedef TileLayout<D> L;
     uint32_t v_addr = smem_addr(v);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; kk++)
-        wgmma_rs<D, FP16>(o, p_frag[kk], smem_desc_sw128(v_addr + kk * 16 * 128, BLOCK_N * 128, 1024), 1);
+        wgmma_rs<D, FP16>(o, p_frag[kk],
+                          smem_desc_swizzled(v_addr + kk * 16 * L::ROW_BYTES, BLOCK_N * L::ROW_BYTES,
+                                             L::ATOM_BYTES, L::ROW_BYTES), 1);
 }
 
 template <int N>
@@ -121,8 +127,12 @@ FA3C_DEVICE void release(uint64_t *bar) {
 }
 
 // Turn-taking between the two consumer warpgroups (pingpong).
-FA3C_DEVICE void wait_my_turn(int consumer) { named_bar_sync(BAR_TURN_WG0 + consumer, 256); }
-FA3C_DEVICE void pass_turn(int consumer) { named_bar_arrive(BAR_TURN_WG0 + (1 - consumer), 256); }
+FA3C_DEVICE void wait_my_turn(int consumer) {
+    if (FA3C_FWD_PINGPONG) named_bar_sync(BAR_TURN_WG0 + consumer, 256);
+}
+FA3C_DEVICE void pass_turn(int consumer) {
+    if (FA3C_FWD_PINGPONG) named_bar_arrive(BAR_TURN_WG0 + (1 - consumer), 256);
+}
 
 // Scores in place: softcap and the mask, where they apply.
 template <int BLOCK_N>
@@ -167,9 +177,13 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 
 // ---- consumer ------------------------------------------------------------------
 
+// One tile of one consumer warpgroup. `ring` is the key-block count over all
+// tiles of this CTA (ring slot and parity); `q_phase` the parity of this
+// tile's Q. The warpgroups alternate turns across tiles too: each takes the
+// same number of turns per tile (one per key block, plus one).
 template <int D, int BLOCK_N, int STAGES, int FP16>
-FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                          int consumer_index) {
+FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                               int consumer_index, int &ring, uint32_t q_phase) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
@@ -180,31 +194,33 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     softmax_init(st);
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    float rescale[2];
 
-    if (consumer_index == 1) pass_turn(1);   // warpgroup 0 takes the first turn
-    mbar_wait_parity(&sm.q_full, 0);
+    mbar_wait_parity(&sm.q_full, q_phase);
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = t.n_end - 1;
-    mbar_wait_parity(&sm.k_full[0], 0);
+    int cur = stage_of(ring, STAGES);
+    mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
     wait_my_turn(consumer_index);
     wgmma_fence();
-    gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[0], consumer_index);
+    gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
     pass_turn(consumer_index);
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
-    release(&sm.k_empty[0]);
-    float rescale[2];
+    release(&sm.k_empty[cur]);
     prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
 
-    int it = 1;
-    for (n = n - 1; n >= t.n_begin; n--, it++) {
-        int cur = stage_of(it, STAGES), prev = stage_of(it - 1, STAGES);
-        mbar_wait_parity(&sm.k_full[cur], phase_of(it, STAGES));
-        mbar_wait_parity(&sm.v_full[prev], phase_of(it - 1, STAGES));
+    for (n = n - 1; n >= t.n_begin; n--) {
+        int prev = stage_of(ring, STAGES);
+        uint32_t prev_phase = phase_of(ring, STAGES);
+        ring++;
+        cur = stage_of(ring, STAGES);
+        mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
+        mbar_wait_parity(&sm.v_full[prev], prev_phase);
         wait_my_turn(consumer_index);
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
@@ -226,10 +242,12 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
+    release(&sm.q_empty);                // every Q·Kᵀ of this tile has completed
 
     // Last P·V.
-    int last = stage_of(it - 1, STAGES);
-    mbar_wait_parity(&sm.v_full[last], phase_of(it - 1, STAGES));
+    int last = stage_of(ring, STAGES);
+    mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
+    ring++;
     wait_my_turn(consumer_index);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
@@ -238,7 +256,6 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     release(&sm.v_empty[last]);
-    if (consumer_index == 0) wait_my_turn(0);   // consume warpgroup 1's last pass: barriers end balanced
 
     epilogue<D, FP16>(p, t, o, st, row0, quad);
 }
@@ -256,6 +273,20 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, const FwdTile
     epilogue<D, FP16>(p, t, o, st, row0, quad);
 }
 
+template <int D, int BLOCK_N, int STAGES, int FP16>
+FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
+    int ring = 0, q_uses = 0;
+    if (consumer_index == 1) pass_turn(1);   // warpgroup 0 takes the first turn
+    for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M, BLOCK_N);
+        if (tile_is_empty(t))
+            write_empty_tile<D, FP16>(p, t, consumer_index);
+        else
+            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
+    }
+    if (consumer_index == 0) wait_my_turn(0);   // take warpgroup 1's last pass: barriers end balanced
+}
+
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_FWD_THREADS, 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
     enum { BLOCK_N = FA3C_FWD_BLOCK_N(D), STAGES = FA3C_FWD_STAGES(D) };
@@ -263,35 +294,30 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS, 1) fwd_kernel(const __grid_c
     extern __shared__ uint8_t smem_raw[];
     Smem &sm = *(Smem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
 
-    FwdTile t = fwd_tile(p, BLOCK_N);
-    // Warpgroup-uniform role, as setmaxnreg requires.
-    int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
-
-    if (t.n_end <= t.n_begin) {                  // nothing visible: no loads at all
-        if (warpgroup > 0) write_empty_tile<D, FP16>(p, t, warpgroup - 1);
-        return;
-    }
     if (threadIdx.x == 0) {
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
         mbar_init(&sm.q_full, 1);
+        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMER_WARPGROUPS);          // one per consumer warp
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);
-            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMER_WARPGROUPS);   // one per consumer warp
+            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMER_WARPGROUPS);
             mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMER_WARPGROUPS);
         }
         fence_barrier_init();
     }
     __syncthreads();
 
+    // Warpgroup-uniform role, as setmaxnreg requires.
+    int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
         reg_dealloc<FA3C_FWD_PRODUCER_REGS>();
-        if (threadIdx.x == 0) producer<D, BLOCK_N, STAGES>(p, sm, t);
+        if (threadIdx.x == 0) producer<D, BLOCK_N, STAGES>(p, sm);
     } else {
         reg_alloc<FA3C_FWD_CONSUMER_REGS>();
-        consumer<D, BLOCK_N, STAGES, FP16>(p, sm, t, warpgroup - 1);
+        consumer<D, BLOCK_N, STAGES, FP16>(p, sm, warpgroup - 1);
     }
 }
 

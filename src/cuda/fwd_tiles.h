@@ -7,10 +7,11 @@
  *   and the total must stay under the 227 KB a block may use.
  *   hdim  64: N 128, 4 stages:  16 + 4*32 = 144 KB
  *   hdim 128: N 128, 2 stages:  32 + 2*64 = 160 KB
- *   hdim 256: N  64, 2 stages:  64 + 2*64 = 192 KB (the accumulator of
- *             64x256 already takes 128 registers per thread; N 64 keeps S small)
- * First choices from the FA3 paper's tiles and the smem budget; retune by
- * measurement (bench/RESULTS.md). */
+ *   hdim 256: N  80, 2 stages:  64 + 2*80 = 224 KB (the accumulator of
+ *             64x256 already takes 128 registers per thread; N 80 keeps S small)
+ * Measured on the H200 (bench/RESULTS.md, 2026-12-02): N 80 beat N 64 for
+ * hdim 256 by 6% at 8k; N 176 for hdim 128 won 3.5% non-causal at 8k but lost
+ * at 512 and causal, N 192 for hdim 64 likewise: both kept at 128. */
 #ifndef FA3C_FWD_TILES_H
 #define FA3C_FWD_TILES_H
 
@@ -22,7 +23,48 @@
 #define FA3C_FWD_PRODUCER_REGS 24
 #define FA3C_FWD_CONSUMER_REGS 240
 
-#define FA3C_FWD_BLOCK_N(D) ((D) <= 128 ? 128 : 64)
-#define FA3C_FWD_STAGES(D) ((D) <= 64 ? 4 : 2)
+/* Overridable with -D for tuning runs (tools/gpu_check.sh variants). */
+#ifndef FA3C_FWD_BLOCK_N_64
+#define FA3C_FWD_BLOCK_N_64 128
+#endif
+#ifndef FA3C_FWD_BLOCK_N_128
+#define FA3C_FWD_BLOCK_N_128 128
+#endif
+#ifndef FA3C_FWD_BLOCK_N_256
+#define FA3C_FWD_BLOCK_N_256 80
+#endif
+#ifndef FA3C_FWD_STAGES_64
+#define FA3C_FWD_STAGES_64 4
+#endif
+#ifndef FA3C_FWD_STAGES_128
+#define FA3C_FWD_STAGES_128 2
+#endif
+#ifndef FA3C_FWD_STAGES_256
+#define FA3C_FWD_STAGES_256 2
+#endif
+/* 1: persistent CTAs (one per SM) walk the tiles, longest first, and load
+ * the next tile while finishing the current one; 0: one CTA per tile. */
+/* 1: the consumer warpgroups take turns issuing GEMMs (pingpong); 0: off (ablation). */
+#ifndef FA3C_FWD_PINGPONG
+#define FA3C_FWD_PINGPONG 1
+#endif
+#ifndef FA3C_FWD_PERSISTENT
+#define FA3C_FWD_PERSISTENT 1
+#endif
+
+/* hdim 96: N 128, 3 stages: 24 + 3*48 = 168 KB; hdim 192: N 112, 2 stages:
+ * 48 + 2*84 = 216 KB (O takes 96 registers; FA3 uses 112 too). */
+#define FA3C_FWD_BLOCK_N(D)                                                                      \
+    ((D) == 64 ? FA3C_FWD_BLOCK_N_64 : (D) == 96 ? 128 : (D) == 128 ? FA3C_FWD_BLOCK_N_128      \
+     : (D) == 192 ? 112 : FA3C_FWD_BLOCK_N_256)
+#define FA3C_FWD_STAGES(D)                                                                       \
+    ((D) == 64 ? FA3C_FWD_STAGES_64 : (D) == 96 ? 3 : (D) == 128 ? FA3C_FWD_STAGES_128          \
+     : (D) == 192 ? 2 : FA3C_FWD_STAGES_256)
+
+/* Tiles live in smem as column chunks of FA3C_FWD_CHUNK_COLS(D) elements,
+ * one TMA box each, with the TMA/wgmma swizzle of that row width: 64
+ * columns (128 B rows, 128B swizzle) when D is a multiple of 64, else 32
+ * (64 B rows, 64B swizzle; hdim 96). */
+#define FA3C_FWD_CHUNK_COLS(D) ((D) % 64 == 0 ? 64 : 32)
 
 #endif

@@ -16,10 +16,14 @@ typedef fa3c_status (*fa3c_fwd_launcher)(const fa3c_fwd_kernel_params *p, void *
 
 #define FA3C_FWD_INSTANCE_LIST(X) \
     X(bf16_hdim64, FA3C_DTYPE_BF16, 64) \
+    X(bf16_hdim96, FA3C_DTYPE_BF16, 96) \
     X(bf16_hdim128, FA3C_DTYPE_BF16, 128) \
+    X(bf16_hdim192, FA3C_DTYPE_BF16, 192) \
     X(bf16_hdim256, FA3C_DTYPE_BF16, 256) \
     X(fp16_hdim64, FA3C_DTYPE_FP16, 64) \
+    X(fp16_hdim96, FA3C_DTYPE_FP16, 96) \
     X(fp16_hdim128, FA3C_DTYPE_FP16, 128) \
+    X(fp16_hdim192, FA3C_DTYPE_FP16, 192) \
     X(fp16_hdim256, FA3C_DTYPE_FP16, 256)
 
 #define FA3C_DECLARE_FWD(name, dtype, hdim) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);

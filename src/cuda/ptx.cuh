@@ -120,16 +120,22 @@ FA3C_DEVICE void wgmma_wait(void) {
 FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
 
-// Shared-memory matrix descriptor (PTX ISA 9.7.15.5.1) for a tile stored with
-// the 128-byte swizzle, 1024-byte aligned atoms (base offset 0).
-//   lbo: leading-dimension byte offset, sbo: stride byte offset.
-FA3C_DEVICE uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor (PTX ISA 9.7.15.5.1) for a tile whose rows
+// of `row_bytes` (128 or 64) carry the matching TMA swizzle, atoms aligned to
+// 8 rows (base offset 0). lbo: leading-dimension byte offset, sbo: stride
+// byte offset.
+FA3C_DEVICE uint64_t smem_desc_swizzled(uint32_t addr, uint32_t lbo, uint32_t sbo, int row_bytes) {
     uint64_t d = 0;
     d |= (uint64_t)((addr & 0x3FFFF) >> 4);
     d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
     d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
-    d |= (uint64_t)1 << 62;   // swizzle mode 1 = 128B
+    d |= (uint64_t)(row_bytes == 128 ? 1 : 2) << 62;   // swizzle mode: 1 = 128B, 2 = 64B
     return d;
+}
+
+// The 128-byte case, as the step tests use it.
+FA3C_DEVICE uint64_t smem_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return smem_desc_swizzled(addr, lbo, sbo, 128);
 }
 
 // ---- warp specialisation (PTX ISA 9.7.17.1, 9.7.13.1) -----------------------

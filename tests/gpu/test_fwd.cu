@@ -282,4 +282,67 @@ TEST(fwd_packed_qkv) {
     run_case("packed qkv", c);
 }
 
+TEST(fwd_hdim96_and_192) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 333, 333, 2, 96);   // 64-byte swizzle path
+    c.causal = 1;
+    run_case("hdim96 causal", c);
+    run_case("hdim96 fp16", base_case(FP16, 1, 200, 260, 2, 96));
+    c = base_case(BF16, 1, 300, 300, 4, 192);
+    c.heads_kv = 2;
+    run_case("hdim192 gqa", c);
+    run_case("hdim192 fp16", base_case(FP16, 1, 257, 257, 2, 192));
+}
+
+// Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.
+static void expect_not_supported(const char *what, fa3c_fwd_params p, const char *needle) {
+    size_t bytes = (size_t)p.problem.batch * p.problem.seqlen_q * p.problem.heads_q * p.problem.headdim * 2;
+    void *dout = NULL;
+    if (cudaMalloc(&dout, bytes) != cudaSuccess) { CHECK(0, "cudaMalloc"); return; }
+    cudaMemset(dout, 0xAB, bytes);
+    p.out.data = dout;
+    fa3c_status st = fa3c_fwd(&p, NULL);
+    printf("    %s -> %s: %s\n", what, fa3c_status_string(st), fa3c_last_error());
+    CHECK(st == FA3C_STATUS_NOT_SUPPORTED, "%s: got %s", what, fa3c_status_string(st));
+    CHECK(strstr(fa3c_last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", what, fa3c_last_error(), needle);
+    uint8_t *h = (uint8_t *)malloc(bytes);
+    cudaMemcpy(h, dout, bytes, cudaMemcpyDeviceToHost);
+    size_t touched = 0;
+    for (size_t i = 0; i < bytes; i++) touched += h[i] != 0xAB;
+    CHECK(touched == 0, "%s: %zu output bytes written", what, touched);
+    free(h);
+    cudaFree(dout);
+}
+
+TEST(fwd_not_supported_is_reported) {
+    REQUIRE_SM90();
+    const int B = 1, S = 64, H = 2, D = 128;
+    void *buf = NULL;
+    CUDA_OK(cudaMalloc(&buf, (size_t)B * S * 3 * H * D * 2 + 64));
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    p.problem.dtype = FA3C_DTYPE_BF16;
+    p.problem.batch = B;
+    p.problem.seqlen_q = p.problem.seqlen_k = S;
+    p.problem.heads_q = p.problem.heads_kv = H;
+    p.problem.headdim = D;
+    p.q = tu_tensor(buf, B, S, H, D);
+    p.k = tu_tensor(buf, B, S, H, D);
+    p.v = tu_tensor(buf, B, S, H, D);
+    p.out = tu_tensor(NULL, B, S, H, D);
+    p.backend = FA3C_BACKEND_CUDA;
+
+    fa3c_fwd_params x = p;
+    x.problem.headdim = 32;
+    x.q.stride[2] = x.k.stride[2] = x.v.stride[2] = x.out.stride[2] = 32;
+    expect_not_supported("hdim 32", x, "headdim 32");
+    x = p;
+    x.k.stride[1] = H * D + 4;   // 8-byte row pitch remainder: TMA needs multiples of 16 bytes
+    expect_not_supported("k row stride", x, "k:");
+    x = p;
+    x.problem.dtype = FA3C_DTYPE_FP32;
+    expect_not_supported("fp32", x, "fp32");
+    cudaFree(buf);
+}
+
 TEST_MAIN()

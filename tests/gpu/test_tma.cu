@@ -94,7 +94,7 @@ TEST(tma_roundtrip_swizzle_and_zero_fill) {
     CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
     t.data = d;
     CUtensorMap map;
-    fa3c_status st = fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, ROWS);
+    fa3c_status st = fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS);
     CHECK(st == FA3C_STATUS_OK, "tensor map: %s", fa3c_last_error());
     int col0 = 64, row0 = 128, head = 2, batch = 1;   // rows 128..255: 200.. are past the end
     CUDA_OK(cudaFuncSetAttribute(tma_roundtrip_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BOX_BYTES + 1024));
@@ -132,7 +132,7 @@ TEST(mbarrier_ring_3_stages_100_tiles) {
     CUDA_OK(cudaMemset(dsums, 0xFF, sizeof sums));
     t.data = d;
     CUtensorMap map;
-    CHECK(fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, ROWS) == FA3C_STATUS_OK, "%s", fa3c_last_error());
+    CHECK(fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS) == FA3C_STATUS_OK, "%s", fa3c_last_error());
     int smem = STAGES * BOX_BYTES + 1024;
     CUDA_OK(cudaFuncSetAttribute(mbarrier_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     mbarrier_ring_kernel<STAGES><<<1, 256, smem>>>(map, NT, S, dsums);

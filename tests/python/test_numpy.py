@@ -244,6 +244,15 @@ def test_bad_headdim_carries_c_message(rng):
     assert "12" in str(e)
 
 
+def test_error_pickles_with_status(rng):
+    import pickle
+    q = randn(rng, (1, 8, 2, 12), np.float32)
+    with pytest.raises(fa3c.Fa3cError) as ei:
+        fa3c.flash_attn_func(q, q, q)
+    e2 = pickle.loads(pickle.dumps(ei.value))
+    assert e2.status == ei.value.status and str(e2) == str(ei.value)
+
+
 def test_bad_head_ratio_carries_c_message(rng):
     q = randn(rng, (1, 8, 3, 16), np.float32)
     k = v = randn(rng, (1, 8, 2, 16), np.float32)
@@ -389,3 +398,20 @@ def test_installed_package_ships_library():
     assert "site-packages" in pkg, "fa3c imported from %s, not the installed package" % pkg
     assert os.path.dirname(os.path.abspath(fa3c.library_path())) == pkg
     assert fa3c.version() == fa3c.__version__
+
+
+def test_prepared_call_reruns_on_updated_inputs(rng):
+    q, k, v = (randn(rng, (1, 20, 2, 32), np.float32) for _ in range(3))
+    call = fa3c.prepare_forward(q, k, v, causal=True)
+    out, lse = call.run()
+    want, _ = ref.fwd(q, k, v, None, True)
+    assert_accurate(out, want, want, 1e-5, "prepared")
+    q[...] = randn(rng, q.shape, np.float32)  # in place: the call sees the new values
+    out2, _ = call.run()
+    assert out2 is out
+    want2, _ = ref.fwd(q, k, v, None, True)
+    assert_accurate(out2, want2, want2, 1e-5, "prepared rerun")
+    dout = randn(rng, q.shape, np.float32)
+    dq, dk, dv = fa3c.prepare_backward(dout, q, k, v, out, lse, causal=True).run()
+    for got, w in zip((dq, dk, dv), ref.bwd(q, k, v, dout, None, True)):
+        assert np.max(np.abs(got - w)) < 1e-4 * max(1.0, np.max(np.abs(w)))

@@ -191,6 +191,29 @@ def test_opcheck_cpu():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
+def test_opcheck_cpu_backward():
+    torch.manual_seed(12)
+    q, k, v = torch.randn(1, 9, 2, 16), torch.randn(1, 11, 1, 16), torch.randn(1, 11, 1, 16)
+    out, lse = fa3c.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    args = (torch.randn_like(out), q, k, v, out, lse, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, False)
+    torch.library.opcheck(torch.ops.fa3c.bwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_lse_is_not_differentiable_but_returned():
+    q = torch.randn(1, 6, 2, 16, requires_grad=True)
+    out, lse = fa3c.flash_attn_func(q, q, q, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+    assert lse.shape == (1, 2, 6) and lse.dtype == torch.float32
+
+
+def test_no_grad_path_skips_autograd():
+    q = torch.randn(1, 6, 2, 16, requires_grad=True)
+    with torch.no_grad():
+        out = fa3c.flash_attn_func(q, q, q)
+    assert not out.requires_grad
+
+
 def test_cpu_error_carries_c_message():
     q = torch.randn(1, 8, 2, 12)
     with pytest.raises(fa3c.Fa3cError) as ei:

@@ -1,0 +1,698 @@
+#!/usr/bin/env python3
+"""fa3c against its peers on one GPU, in one process, on the same random inputs.
+
+    python3 bench/bench.py --out DIR            # full grid (several minutes)
+    python3 bench/bench.py --quick --out DIR    # a handful of shapes, < 2 minutes
+
+libfa3c comes from FA3C_LIBRARY=/path/to/libfa3c.so or the installed fa3c package
+(the source tree's python/ is used when fa3c is not installed).
+
+Implementations (each skipped with a note when unavailable):
+  fa3c        the C ABI, one prepared fa3c_fwd / fa3c_bwd call (kernel time, ~µs of Python)
+  fa3c_torch  fa3c.flash_attn_func through the torch custom op and autograd (what users call)
+  cudnn, fa2, mem_eff   torch SDPA with CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION
+  flex        FlexAttention under torch.compile (forward; a subset of shapes: compiles are slow)
+  fa3         the official FlashAttention-3, if flash_attn_interface is importable
+Shapes: the FA3 paper grid (16k tokens, heads = 2048 / hdim, seqlen 512..16k, hdim
+64/128/256, causal and not), GQA prefill, decode (seqlen_q 1, long KV), fp8 forward.
+FLOPs: 4·b·h·sq·sk·d forward (halved for causal), backward 2.5x that.
+
+Before timing, every implementation's output (and gradients) is compared with the
+reference (cuDNN, else the next SDPA backend that runs): a row whose error is out of
+tolerance is marked FAILED and not timed. Timing: triton.testing.do_bench, median,
+after warm-up, fresh random inputs per shape. Per-shape errors (NOT_SUPPORTED, OOM...)
+are recorded and the run goes on.
+
+Writes DIR/results.json (after every shape, so a cut-off run keeps what it measured),
+DIR/results.md, DIR/plot.png (forward) and DIR/plot_bwd.png; prints the markdown last.
+"""
+import argparse
+import contextlib
+import datetime
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+try:
+    import fa3c
+except ImportError:
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import fa3c
+
+IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3"]
+REF_ORDER = ["cudnn", "fa2", "mem_eff", "math"]  # first that runs is the reference
+
+
+# ---- shapes ------------------------------------------------------------------------------
+
+def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=False):
+    fl = 4.0 * b * hq * sq * sk * d / (2 if causal else 1)
+    el = 1 if dtype == "fp8" else 2
+    # bytes a decode step must move: q, k, v read once, out written
+    nbytes = el * (b * sq * hq * d + 2 * b * sk * hkv * d) + 2 * b * sq * hq * d
+    return dict(kind=kind, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, hdim=d,
+                causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes)
+
+
+def make_shapes(args):
+    out = []
+    if args.device == "cpu":  # smoke test of this script, no GPU needed
+        for s in (64, 128):
+            out.append(shape("grid", 1, s, s, 2, 2, 64, False))
+            out.append(shape("grid", 1, s, s, 2, 2, 64, True))
+        out.append(shape("decode", 2, 1, 256, 4, 2, 64, False, bwd=False))
+        return out
+    if args.quick:
+        grid = [(128, False, 2048), (128, True, 2048), (128, False, 8192), (128, True, 8192),
+                (64, False, 4096), (256, True, 4096)]
+    else:
+        grid = [(d, c, s) for d in args.hdims for c in (False, True) for s in args.seqlens]
+    flex_seqlens = set(args.seqlens) if args.flex == "all" else {8192} if args.flex == "some" else set()
+    for d, c, s in grid:
+        if d not in args.hdims or s not in args.seqlens:
+            continue
+        out.append(shape("grid", 16384 // s, s, s, 2048 // d, 2048 // d, d, c,
+                         flex=(s in flex_seqlens and not args.quick)))
+    if not args.no_gqa:
+        for c in ((True,) if args.quick else (False, True)):
+            out.append(shape("gqa", 4, 4096, 4096, 32, 8, 128, c, flex=args.flex != "none" and not args.quick))
+    if not args.no_decode:
+        dec = [(8, 8192, 32, 8, 128)] if args.quick else [
+            (8, 8192, 32, 8, 128), (8, 32768, 32, 8, 128), (1, 131072, 64, 8, 128),
+            (32, 4096, 32, 32, 128), (16, 16384, 16, 2, 64), (4, 16384, 32, 4, 256)]
+        for b, sk, hq, hkv, d in dec:
+            out.append(shape("decode", b, 1, sk, hq, hkv, d, False, bwd=False))
+    if not args.no_fp8:
+        f8 = [(128, 8192)] if args.quick else [(128, 8192), (128, 16384), (256, 8192), (256, 16384)]
+        for d, s in f8:
+            out.append(shape("fp8", 16384 // s, s, s, 2048 // d, 2048 // d, d, False, dtype="fp8", bwd=False))
+    return out
+
+
+# ---- timing ------------------------------------------------------------------------------
+
+class Timer:
+    def __init__(self, device, quick):
+        self.device = device
+        self.warmup, self.rep = (25, 100) if quick else (50, 200)
+        if device == "cuda":
+            import triton.testing
+            self._do_bench = triton.testing.do_bench
+
+    def __call__(self, fn):
+        """Median milliseconds per call."""
+        if self.device == "cuda":
+            return self._do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median")
+        fn()
+        ts = []
+        for _ in range(5):
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e3)
+        return sorted(ts)[len(ts) // 2]
+
+
+# ---- implementations -----------------------------------------------------------------------
+# setup(sh, inp) returns a Runner or raises. A runner's fwd/bwd are the timed callables;
+# out()/grads() give results in (b, s, h, d) layout with k/v gradients over heads_kv.
+
+class Runner:
+    def __init__(self, fwd, out, bwd=None, grads=None, ctx=None, note=""):
+        self.fwd, self.out, self.bwd, self.grads = fwd, out, bwd, grads
+        self.ctx = ctx or contextlib.nullcontext
+        self.note = note
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_(True)
+
+
+def setup_fa3c(sh, inp):
+    ns = 0 if sh["kind"] == "decode" else 1
+    kw = dict(causal=sh["causal"], num_splits=ns)
+    fc = fa3c.prepare_forward(inp["q"], inp["k"], inp["v"], **kw)
+    out, lse = fc.run()
+
+    def bwd_setup():
+        bc = fa3c.prepare_backward(inp["dout"], inp["q"], inp["k"], inp["v"], out, lse, causal=sh["causal"])
+        return bc.run, lambda: bc.run()
+    if sh["bwd"]:
+        brun, bgrads = bwd_setup()
+    else:
+        brun = bgrads = None
+    return Runner(fc.run, lambda: fc.run()[0], brun, bgrads)
+
+
+def setup_fa3c_torch(sh, inp):
+    q, k, v = (_leaf(inp[n]) if sh["bwd"] else inp[n] for n in "qkv")
+    ns = 0 if sh["kind"] == "decode" else 1
+    f = lambda: fa3c.flash_attn_func(q, k, v, causal=sh["causal"], num_splits=ns)  # noqa: E731
+    r = Runner(f, f)
+    if sh["bwd"]:
+        o = f()
+        r.bwd = lambda: torch.autograd.grad(o, (q, k, v), inp["dout"], retain_graph=True)
+        r.grads = r.bwd
+    return r
+
+
+def _sdpa_setup(backend_name):
+    def setup(sh, inp):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION,
+              "mem_eff": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend_name]
+        if sh["causal"] and sh["seqlen_q"] != sh["seqlen_k"]:
+            raise NotImplementedError("SDPA's is_causal is top-left aligned; shape needs bottom-right")
+        g = sh["heads_q"] // sh["heads_kv"]
+        q, k, v = (inp[n] for n in "qkv")
+        if inp.get("deq") is not None:  # fp8 shape: the peers run bf16 on the dequantized values
+            q, k, v = inp["deq"]
+        # (b, h, s, d) contiguous, as the peers were measured (../shared/peers/measure_peers.py)
+        qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        if sh["bwd"]:
+            qh, kh, vh = (_leaf(x) for x in (qh, kh, vh))
+        ctx = lambda: sdpa_kernel([be])  # noqa: E731
+        note = ""
+
+        def call(kk, vv, gqa):
+            return F.scaled_dot_product_attention(qh, kk, vv, is_causal=sh["causal"], enable_gqa=gqa)
+        kk, vv, gqa = kh, vh, g > 1
+        try:
+            with ctx():
+                o = call(kk, vv, gqa)
+        except RuntimeError:
+            if g == 1:
+                raise
+            # this backend refuses enable_gqa: expand the kv heads (more memory traffic)
+            kk = kh.detach().repeat_interleave(g, dim=1)
+            vv = vh.detach().repeat_interleave(g, dim=1)
+            if sh["bwd"]:
+                kk, vv = _leaf(kk), _leaf(vv)
+            gqa = False
+            note = "kv heads expanded"
+            with ctx():
+                o = call(kk, vv, gqa)
+        f = lambda: call(kk, vv, gqa)  # noqa: E731
+        r = Runner(f, lambda: f().transpose(1, 2), ctx=ctx, note=note)
+        if sh["bwd"]:
+            dout_h = inp["dout"].transpose(1, 2).contiguous()
+            r.bwd = lambda: torch.autograd.grad(o, (qh, kk, vv), dout_h, retain_graph=True)
+
+            def grads():
+                with ctx():
+                    dq, dk, dv = r.bwd()
+                if kk.shape[1] != kh.shape[1]:  # fold expanded heads back onto heads_kv
+                    b, _, s, d = dk.shape
+                    dk = dk.view(b, -1, g, s, d).sum(2)
+                    dv = dv.view(b, -1, g, s, d).sum(2)
+                return tuple(x.transpose(1, 2) for x in (dq, dk, dv))
+            r.grads = grads
+        return r
+    return setup
+
+
+_flex_fn = None
+
+
+def setup_flex(sh, inp):
+    global _flex_fn
+    if not sh["flex"]:
+        raise NotImplementedError("not measured on this shape (compile time; --flex all for every shape)")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if _flex_fn is None:
+        # one compile per shape (static shapes, as the peers were measured): lift
+        # dynamo's recompile limit so later shapes don't fall back to eager
+        for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, max(256, getattr(torch._dynamo.config, knob)))
+        _flex_fn = torch.compile(flex_attention, dynamic=False)
+    q, k, v = (inp[n].transpose(1, 2).contiguous() for n in "qkv")
+    bm = None
+    if sh["causal"]:
+        off = sh["seqlen_k"] - sh["seqlen_q"]
+        bm = create_block_mask(lambda b, h, qi, ki: qi + off >= ki, None, None, sh["seqlen_q"],
+                               sh["seqlen_k"], device=q.device)
+    gqa = sh["heads_q"] != sh["heads_kv"]
+    f = lambda: _flex_fn(q, k, v, block_mask=bm, enable_gqa=gqa)  # noqa: E731
+    f()  # compile outside the timing
+    return Runner(f, lambda: f().transpose(1, 2), note="forward only")
+
+
+_fa3_mod = None
+
+
+def load_fa3(path):
+    global _fa3_mod
+    if path:
+        sys.path.insert(0, path)
+    for name in ("flash_attn_interface", "flash_attn_3.flash_attn_interface", "hopper.flash_attn_interface"):
+        try:
+            _fa3_mod = importlib.import_module(name)
+            return "%s (%s)" % (name, getattr(_fa3_mod, "__file__", "?"))
+        except Exception:  # ImportError, or a broken build raising anything else
+            continue
+    return None
+
+
+def setup_fa3(sh, inp):
+    if _fa3_mod is None:
+        raise NotImplementedError("official FA3 (flash_attn_interface) not importable")
+    bwd = sh["bwd"]
+    q, k, v = (_leaf(inp[n]) if bwd else inp[n] for n in "qkv")
+    kw = dict(causal=sh["causal"])
+    if sh["kind"] == "decode":
+        kw["num_splits"] = 0
+
+    def f():
+        o = _fa3_mod.flash_attn_func(q, k, v, **kw)
+        return o[0] if isinstance(o, tuple) else o  # older versions return (out, lse)
+    r = Runner(f, f)
+    if bwd:
+        o = f()
+        r.bwd = lambda: torch.autograd.grad(o, (q, k, v), inp["dout"], retain_graph=True)
+        r.grads = r.bwd
+    return r
+
+
+SETUP = {"fa3c": setup_fa3c, "fa3c_torch": setup_fa3c_torch, "cudnn": _sdpa_setup("cudnn"),
+         "fa2": _sdpa_setup("fa2"), "mem_eff": _sdpa_setup("mem_eff"), "math": _sdpa_setup("math"),
+         "flex": setup_flex, "fa3": setup_fa3}
+
+
+# ---- checks ------------------------------------------------------------------------------
+
+def compare(got, want):
+    got, want = got.float(), want.float()
+    diff = (got - want).abs()
+    return (diff.max().item(), (diff.norm() / want.norm().clamp_min(1e-30)).item(), want.abs().max().item())
+
+
+def fwd_ok(err, rel, ref_max, fp8):
+    # bf16 implementations of the same attention differ by a few ulps (~4e-3 at |x| ~ 1);
+    # garbage is off by O(1). fp8 quantizes P too, so it gets a wider band.
+    if fp8:
+        return rel < 5e-2
+    return rel < 2e-2 and err <= 2e-2 + 1e-2 * ref_max
+
+
+def bwd_ok(err, rel, ref_max):
+    return rel < 5e-2 and err <= 1e-1 * ref_max + 1e-2
+
+
+def classify(e):
+    if isinstance(e, fa3c.Fa3cError):
+        return ("unsupported" if e.status == fa3c.STATUS_NOT_SUPPORTED else "error"), str(e)
+    if isinstance(e, NotImplementedError):
+        return "skipped", str(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "oom", str(e).split("\n")[0]
+    return "error", "%s: %s" % (type(e).__name__, str(e).split("\n")[0])
+
+
+# ---- one shape -----------------------------------------------------------------------------
+
+def make_inputs(sh, device):
+    b, sq, sk, hq, hkv, d = (sh[n] for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "hdim"))
+    dt = torch.bfloat16
+    q = torch.randn(b, sq, hq, d, device=device, dtype=dt)
+    k = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
+    v = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
+    inp = dict(q=q, k=k, v=v, dout=torch.randn_like(q) if sh["bwd"] else None, deq=None)
+    if sh["dtype"] == "fp8":
+        q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+        inp.update(q=q8, k=k8, v=v8, deq=tuple(x.to(dt) for x in (q8, k8, v8)))
+    return inp
+
+
+def run_shape(sh, impls, timer, log, deadline):
+    inp = make_inputs(sh, DEVICE)
+    rows = []
+
+    def row(impl, direction, status, **kw):
+        r = dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k", "heads_q",
+                                           "heads_kv", "hdim", "causal", "dtype")},
+                 impl=impl, dir=direction, status=status)
+        r.update(kw)
+        rows.append(r)
+        log(r)
+        return r
+
+    # reference: the first SDPA backend that runs this shape (on dequantized inputs for fp8)
+    ref_name, ref_out, ref_grads = None, None, None
+    ref_sh = dict(sh, dtype="bf16")
+    ref_inp = dict(inp, q=inp["deq"][0], k=inp["deq"][1], v=inp["deq"][2]) if inp["deq"] else inp
+    for name in REF_ORDER:
+        try:
+            r = SETUP[name](ref_sh, ref_inp)
+            with r.ctx():
+                ref_out = r.out().detach()
+                ref_grads = [g.detach() for g in r.grads()] if sh["bwd"] else None
+            ref_name = name
+            break
+        except Exception:
+            continue
+
+    for name in impls:
+        t_left = deadline - time.time()
+        if t_left < 0:
+            row(name, "fwd", "skipped", note="time budget spent")
+            continue
+        try:
+            r = SETUP[name](sh, inp)
+        except Exception as e:
+            st, msg = classify(e)
+            row(name, "fwd", st, note=msg[:300])
+            if sh["bwd"]:
+                row(name, "bwd", st, note=msg[:300])
+            continue
+        # forward: check, then time
+        try:
+            with r.ctx():
+                out = r.out()
+            if ref_out is not None:
+                err, rel, mx = compare(out, ref_out)
+                if not fwd_ok(err, rel, mx, sh["dtype"] == "fp8"):
+                    row(name, "fwd", "FAILED", max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
+                    if sh["bwd"]:
+                        row(name, "bwd", "skipped", note="forward FAILED")
+                    continue
+            else:
+                err = rel = None
+            with r.ctx():
+                ms = timer(r.fwd)
+            row(name, "fwd", "ok", ms=ms, tflops=sh["flops"] / ms / 1e9, gbps=sh["bytes"] / ms / 1e6,
+                max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
+        except Exception as e:
+            st, msg = classify(e)
+            row(name, "fwd", st, note=msg[:300])
+            if sh["bwd"]:
+                row(name, "bwd", "skipped", note="forward did not run")
+            continue
+        if not sh["bwd"]:
+            continue
+        if r.bwd is None:
+            row(name, "bwd", "skipped", note=r.note or "no backward")
+            continue
+        try:
+            with r.ctx():
+                grads = r.grads()
+            err = rel = None
+            if ref_grads is not None:
+                worst = None
+                for gname, g, w in zip(("dq", "dk", "dv"), grads, ref_grads):
+                    e_, rl, mx = compare(g, w)
+                    if not bwd_ok(e_, rl, mx):
+                        worst = (gname, e_, rl)
+                    err = max(err or 0.0, e_)
+                    rel = max(rel or 0.0, rl)
+                if worst:
+                    row(name, "bwd", "FAILED", max_err=err, rel_l2=rel, ref=ref_name,
+                        note="%s max err %.3g rel L2 %.3g" % worst)
+                    continue
+            with r.ctx():
+                ms = timer(r.bwd)
+            fl = 2.5 * sh["flops"]
+            row(name, "bwd", "ok", ms=ms, tflops=fl / ms / 1e9, max_err=err, rel_l2=rel, ref=ref_name,
+                note=r.note)
+        except Exception as e:
+            st, msg = classify(e)
+            row(name, "bwd", st, note=msg[:300])
+    del inp
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- reporting -----------------------------------------------------------------------------
+
+def load_targets(peers_dir):
+    """{(dir, hdim, causal, seqlen): official FA3's ratio to cuDNN} from the stored peer runs
+    (shared/peers/*fa3-official*.json), for docs/TARGETS.md's bar: fa3c/cuDNN >= max(1, FA3's
+    ratio) forward and >= FA3's ratio backward. Empty when the files are not there."""
+    out = {}
+    if not peers_dir:
+        return out
+    for fname, key, direction in (("h200-2026-12-02-fa3-official.json", "summary_bf16", "fwd"),
+                                  ("h200-2026-12-02-fa3-official-bwd.json", "summary_bf16_bwd", "bwd")):
+        try:
+            with open(os.path.join(peers_dir, fname)) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for r in data.get(key, []):
+            ratio = r.get("ratio_fa3_rawop_over_cudnn_mean", r.get("ratio_fa3_api_over_cudnn_mean"))
+            if ratio:
+                out[(direction, r["hdim"], bool(r["causal"]), r["seqlen"])] = ratio
+    return out
+
+
+def _key(r):
+    s = r["shape"]
+    return (s["kind"], s["hdim"], s["causal"], s["seqlen_q"], s["seqlen_k"], s["batch"], s["heads_q"], s["heads_kv"])
+
+
+def _cell(r, base, metric):
+    if r is None:
+        return "-"
+    if r["status"] != "ok":
+        if r["status"] == "FAILED":
+            return "FAILED (err %.2g)" % (r.get("max_err") or float("nan"))
+        return r["status"]
+    v = r[metric]
+    if base is not None and base.get("status") == "ok" and base[metric]:
+        return "%.0f (%.2f)" % (v, v / base[metric]) if v >= 10 else "%.3g (%.2f)" % (v, v / base[metric])
+    return "%.0f" % v if v >= 10 else "%.3g" % v
+
+
+def markdown(results, impls, targets=None):
+    targets = targets or {}
+    lines = []
+    by = {}
+    for r in results["rows"]:
+        by.setdefault((r["shape"]["kind"], r["dir"]), {}).setdefault(_key(r), {})[r["impl"]] = r
+    env = results["env"]
+    lines.append("## fa3c benchmark, %s" % env["date"])
+    lines.append("")
+    lines.append("%s; torch %s, cuDNN %s; fa3c %s (%s); official FA3: %s" % (
+        env["gpu"], env["torch"], env["cudnn"], env["fa3c"], env["fa3c_library"], env["fa3"] or "not available"))
+    lines.append("Cells: TFLOPS (ratio to cuDNN in this run); decode: GB/s (ratio). fa3c = C ABI call, "
+                 "fa3c_torch = fa3c.flash_attn_func via the torch custom op.")
+    titles = [("grid", "fwd", "Forward, bf16, 16k tokens, hidden 2048", "tflops"),
+              ("grid", "bwd", "Backward, bf16, 16k tokens, hidden 2048", "tflops"),
+              ("gqa", "fwd", "GQA prefill forward (32 q heads / 8 kv heads)", "tflops"),
+              ("gqa", "bwd", "GQA prefill backward", "tflops"),
+              ("decode", "fwd", "Decode (seqlen_q 1), GB/s of q, k, v, out", "gbps"),
+              ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
+    for kind, direction, title, metric in titles:
+        table = by.get((kind, direction))
+        if not table:
+            continue
+        cols = [i for i in impls if any(i in v for v in table.values())]
+        with_target = kind == "grid" and any(k[0] == direction for k in targets)
+        lines += ["", "### " + title, ""]
+        lines.append("| hdim | causal | b | sq | sk | hq/hkv | " + " | ".join(cols) +
+                     (" | target | met |" if with_target else " |"))
+        lines.append("|" + "---|" * (6 + len(cols) + (2 if with_target else 0)))
+        ratios = []
+        met = []
+        for key in sorted(table):
+            rs = table[key]
+            s = next(iter(rs.values()))["shape"]
+            base = rs.get("cudnn")
+            f = rs.get("fa3c")
+            if f and base and f["status"] == "ok" and base["status"] == "ok":
+                ratios.append(f[metric] / base[metric])
+            tail = ""
+            if with_target:
+                fa3_ratio = targets.get((direction, s["hdim"], s["causal"], s["seqlen_q"]))
+                if fa3_ratio is None:
+                    tail = " - | - |"
+                else:
+                    # docs/TARGETS.md: forward >= max(1, FA3's ratio), backward >= FA3's ratio
+                    tgt = max(1.0, fa3_ratio) if direction == "fwd" else fa3_ratio
+                    ok = bool(f and base and f["status"] == "ok" and base["status"] == "ok"
+                              and f[metric] / base[metric] >= tgt)
+                    met.append(ok)
+                    tail = " %.2f | %s |" % (tgt, "yes" if ok else "no")
+            lines.append("| %d | %s | %d | %d | %d | %d/%d | %s |%s" % (
+                s["hdim"], "yes" if s["causal"] else "no", s["batch"], s["seqlen_q"], s["seqlen_k"],
+                s["heads_q"], s["heads_kv"], " | ".join(_cell(rs.get(i), base, metric) for i in cols),
+                tail or ""))
+        if ratios:
+            gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append("")
+            lines.append("fa3c / cuDNN: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
+                         % (gm, min(ratios), max(ratios), len(ratios),
+                            "; TARGETS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
+    bad = [r for r in results["rows"] if r["status"] in ("FAILED", "error")]
+    if bad:
+        lines += ["", "### Problems", ""]
+        for r in bad:
+            s = r["shape"]
+            lines.append("- %s %s %s hdim%d causal=%s sq%d sk%d: %s %s" % (
+                r["impl"], r["dir"], s["kind"], s["hdim"], s["causal"], s["seqlen_q"], s["seqlen_k"],
+                r["status"], r.get("note") or "err %.3g" % (r.get("max_err") or 0)))
+    uns = sorted({(r["impl"], r["dir"], (r.get("note") or "")[:120]) for r in results["rows"]
+                  if r["status"] == "unsupported"})
+    if uns:
+        lines += ["", "Unsupported: " + "; ".join("%s %s: %s" % u for u in uns)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, impls, path, direction):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not available: no plot", flush=True)
+        return
+    rows = [r for r in results["rows"] if r["shape"]["kind"] == "grid" and r["dir"] == direction and r["status"] == "ok"]
+    if not rows:
+        return
+    hdims = sorted({r["shape"]["hdim"] for r in rows})
+    fig, axes = plt.subplots(2, len(hdims), figsize=(5 * len(hdims), 8), squeeze=False)
+    for ci, d in enumerate(hdims):
+        for ri, causal in enumerate((False, True)):
+            ax = axes[ri][ci]
+            for impl in impls:
+                pts = sorted((r["shape"]["seqlen_q"], r["tflops"]) for r in rows
+                             if r["impl"] == impl and r["shape"]["hdim"] == d and r["shape"]["causal"] == causal)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
+                            linewidth=2.5 if impl == "fa3c" else 1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_title("%s hdim %d, %s" % (direction, d, "causal" if causal else "non-causal"))
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOPS")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("%s: %s" % (results["env"]["gpu"], direction))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "uncommitted"
+    except Exception:
+        return "unknown"
+
+
+DEVICE = "cuda"
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a handful of shapes, no flex (< 2 minutes)")
+    ap.add_argument("--out", default=os.path.join(REPO, "build-bench"), help="output folder (default build-bench/)")
+    ap.add_argument("--impls", default=",".join(IMPL_ORDER), help="comma list of: " + ",".join(IMPL_ORDER))
+    ap.add_argument("--hdims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--flex", choices=("none", "some", "all"), default="some",
+                    help="FlexAttention shapes: none, some (seqlen 8k + GQA; default), all")
+    ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--no-gqa", action="store_true")
+    ap.add_argument("--no-fp8", action="store_true")
+    ap.add_argument("--fa3-path", default=os.environ.get("FA3_PATH"),
+                    help="folder to put on sys.path for the official flash_attn_interface")
+    ap.add_argument("--peers", default=next((d for d in (os.path.join(REPO, "shared", "peers"),
+                                                          os.path.join(REPO, "..", "shared", "peers"))
+                                              if os.path.isdir(d)), None),
+                    help="folder with the stored official-FA3 runs (target columns); default shared/peers")
+    ap.add_argument("--budget", type=float, default=540.0,
+                    help="seconds; shapes after this are recorded as skipped (default 540: one 10-minute device call)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: a smoke test of this script on tiny shapes (no GPU)")
+    args = ap.parse_args()
+    args.hdims = [int(x) for x in args.hdims.split(",")]
+    args.seqlens = [int(x) for x in args.seqlens.split(",")]
+    DEVICE = args.device
+    t0 = time.time()
+    deadline = t0 + args.budget
+    os.makedirs(args.out, exist_ok=True)
+    impls = [i for i in args.impls.split(",") if i]
+    for i in impls:
+        if i not in SETUP:
+            ap.error("unknown implementation %r" % i)
+    if args.device == "cpu":
+        impls = [i for i in impls if i in ("fa3c", "fa3c_torch")]
+    fa3_desc = load_fa3(args.fa3_path) if "fa3" in impls else None
+    if fa3_desc is None and "fa3" in impls:
+        impls.remove("fa3")  # not importable: no column of "skipped"
+    if (args.quick or args.flex == "none") and "flex" in impls:
+        impls.remove("flex")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("bench.py: no CUDA device (use --device cpu for a smoke test)")
+        gpu = torch.cuda.get_device_name()
+    else:
+        gpu = "cpu (smoke test)"
+    try:
+        lib, libver = fa3c.library_path(), fa3c.version()
+        cuda_ok = fa3c.cuda_available()
+    except OSError as e:
+        sys.exit("bench.py: %s" % e)
+    results = dict(env=dict(date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), gpu=gpu,
+                            torch=torch.__version__,
+                            cudnn=torch.backends.cudnn.version() if args.device == "cuda" else None,
+                            fa3c=libver, fa3c_library=lib, fa3c_cuda_available=cuda_ok,
+                            commit=git_commit(), fa3=fa3_desc, quick=args.quick,
+                            argv=sys.argv[1:]), rows=[])
+    print("bench: %s, torch %s, fa3c %s at %s (CUDA backend usable: %s), official FA3: %s"
+          % (gpu, torch.__version__, libver, lib, cuda_ok, fa3_desc or "no"), flush=True)
+
+    def log(r):
+        s = r["shape"]
+        extra = ("%.3f ms %.1f TFLOPS" % (r["ms"], r["tflops"])) if r["status"] == "ok" else (r.get("note") or "")
+        err = (" err %.2g" % r["max_err"]) if r.get("max_err") is not None else ""
+        print("%-6s %-3s d%-3d %-5s b%-3d sq%-6d sk%-6d h%d/%d %-10s %-4s %-11s %s%s" % (
+            s["kind"], s["dtype"], s["hdim"], "causal" if s["causal"] else "", s["batch"], s["seqlen_q"],
+            s["seqlen_k"], s["heads_q"], s["heads_kv"], r["impl"], r["dir"], r["status"], extra, err),
+            flush=True)
+
+    shapes = make_shapes(args)
+    if args.no_bwd:
+        for sh in shapes:
+            sh["bwd"] = False
+    timer = Timer(args.device, args.quick)
+    path_json = os.path.join(args.out, "results.json")
+    for sh in shapes:
+        try:
+            results["rows"] += run_shape(sh, impls, timer, log, deadline)
+        except Exception:  # a bug in this script or a broken context: keep the other shapes
+            traceback.print_exc()
+            results["rows"].append(dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k",
+                                                                   "heads_q", "heads_kv", "hdim", "causal", "dtype")},
+                                        impl="*", dir="*", status="error", note=traceback.format_exc()[-300:]))
+        results["elapsed_s"] = time.time() - t0
+        with open(path_json, "w") as f:
+            json.dump(results, f, indent=1)
+    md = markdown(results, impls, load_targets(args.peers))
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    plot(results, impls, os.path.join(args.out, "plot.png"), "fwd")
+    plot(results, impls, os.path.join(args.out, "plot_bwd.png"), "bwd")
+    print("\nwrote %s/{results.json,results.md,plot.png,plot_bwd.png} in %.0f s\n" % (args.out, time.time() - t0))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
