@@ -47,7 +47,11 @@ if command -v compute-sanitizer >/dev/null; then
   done
 fi
 
-# 5. Optional (NCU=1): Nsight Compute profile of the hdim 128, 8k forward, for stall reasons.
+# 5. Python package on the GPU (torch path): pytest against the release build.
+FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so timeout 400 bash tools/test_python.sh -q >"$OUT/python_gpu.log" 2>&1
+note "python tests (GPU machine): rc=$? $(grep -E '(passed|failed)' "$OUT/python_gpu.log" | tail -1)"
+
+# 6. Optional (NCU=1): Nsight Compute profile of the hdim 128, 8k forward, for stall reasons.
 if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   timeout 300 ncu --clock-control none --set full -k regex:fwd_kernel -c 1 -f -o "$OUT/ncu_fwd_h128_8k" \
     build-gpu/fa3c-run --device cuda --batch 2 --seqlen 8192 --heads 16 --hdim 128 --iters 1 --warmup 0 \
@@ -58,19 +62,21 @@ if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
     "$OUT/ncu_details.txt" | head -30
 fi
 
-# 6. Benchmark: fa3c alone (C, CUDA events), then fa3c and the peers in one process if bench/bench.py exists.
+# 7. Benchmark: fa3c alone (C, CUDA events), then fa3c and the peers in one process if bench/bench.py exists.
 timeout 300 build-gpu/bench_fwd_gpu $([ "$MODE" = quick ] && echo --quick) --csv "$OUT/bench_fwd_gpu.csv" >"$OUT/bench_fwd_gpu.log" 2>&1
 note "bench_fwd_gpu rc=$?"
 if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
-  FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 420 python3 bench/bench.py \
-    $([ "$MODE" = quick ] && echo --quick) --out "$OUT" >"$OUT/bench_py.log" 2>&1
+  # .peers/: the stored peer runs (shared/peers), carried in by the caller when wanted.
+  FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout $(( ${BENCH_BUDGET:-300} + 120 )) \
+    python3 bench/bench.py $([ "$MODE" = quick ] && echo --quick) --budget "${BENCH_BUDGET:-300}" \
+    $([ -d .peers ] && echo --peers .peers) --out "$OUT" >"$OUT/bench_py.log" 2>&1
   note "bench.py rc=$?"
 fi
 
 # Only a few files come back from the machine: keep the main ones, pack the rest.
 (cd "$OUT" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz --exclude='*.ncu-rep' \
-  $(ls | grep -vE '^(bench_fwd_gpu.csv|results\.(md|json)|plot\.png|gpu_tests\.log|ncu_details\.txt)$') 2>/dev/null &&
-  ls | grep -vE '^(all_logs.tar.gz|bench_fwd_gpu.csv|results\.(md|json)|plot\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log|tune_summary\.txt)$' | xargs rm -rf)
+  $(ls | grep -vE '^(results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt)$') 2>/dev/null &&
+  ls | grep -vE '^(all_logs.tar.gz|results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log)$' | xargs rm -rf)
 
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 echo; echo "==== fa3c forward (bf16, TFLOPS)"; cat "$OUT/bench_fwd_gpu.log"

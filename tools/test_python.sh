@@ -17,6 +17,7 @@
 #       that library.
 #
 # Exits non-zero when anything fails, including pytest collecting no test (exit 5).
+# -p no:logging: torch.compile logs DEBUG traces that pytest would dump into failure reports.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -24,7 +25,7 @@ py=${PYTHON:-python3}
 
 if [[ -n "${FA3C_LIBRARY:-}" ]]; then
   echo "== fa3c python tests against $FA3C_LIBRARY (source tree python/, $($py --version 2>&1))"
-  PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest tests/python -v -rs "$@"
+  PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m pytest tests/python -v -rs -p no:logging "$@"
 fi
 
 # python3 -m venv needs ensurepip, which Debian ships separately (python3-venv).
@@ -57,4 +58,4 @@ echo "   built and installed in $(( $(date +%s) - start )) s"
 # no FA3C_LIBRARY, so fa3c and libfa3c.so come from site-packages.
 unset FA3C_LIBRARY
 export FA3C_EXPECT_INSTALLED=1
-"$vpy" -m pytest tests/python -v -rs "$@"
+"$vpy" -m pytest tests/python -v -rs -p no:logging "$@"

@@ -159,6 +159,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];
     k.out_stride[2] = p->out.stride[2];
+    k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && p->out.stride[0] % 8 == 0 && p->out.stride[1] % 8 == 0 &&
+                  p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
     k.batch = pr->batch;
     k.seqlen_q = pr->seqlen_q;

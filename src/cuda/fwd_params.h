@@ -15,6 +15,7 @@ typedef struct fa3c_fwd_kernel_params {
     CUtensorMap q_map, k_map, v_map;   /* 128B-swizzled boxes of 64 x rows */
     void *out;
     int64_t out_stride[3];             /* elements: batch, seqlen, heads */
+    int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides) */
     float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
     int num_m_blocks;

@@ -147,7 +147,34 @@ FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const
 
 // ---- epilogue ------------------------------------------------------------------
 
+// 4x4 transpose of 32-bit values across the 4 threads of a quad: afterwards
+// v[j] of thread q is what v[q] was on thread j. Selects instead of a
+// run-time register index, which would send v to local memory.
+FA3C_DEVICE void quad_transpose4(uint32_t v[4], int quad) {
+    uint32_t out[4] = {v[0], v[1], v[2], v[3]};
+#pragma unroll
+    for (int j = 1; j < 4; j++) {
+        int idx = quad ^ j;
+        uint32_t send = idx == 0 ? v[0] : idx == 1 ? v[1] : idx == 2 ? v[2] : v[3];
+        uint32_t got = __shfl_xor_sync(~0u, send, j);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (idx == k) out[k] = got;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = out[k];
+}
+
+template <int FP16>
+FA3C_DEVICE uint32_t pack2(float lo, float hi) {
+    return FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
 // O / sum -> out (input dtype), and the LSE. Rows past seqlen_q are dropped.
+// Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
+// p.out_vec16, each group of four 8-column chunks is transposed across the
+// quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
+// per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
                           int quad) {
@@ -159,13 +186,26 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         lse[r] = sum > 0.f ? st.max[r] * p.lse_scale + logf(sum) : -INFINITY;
     }
     uint16_t *out = (uint16_t *)p.out + t.batch * p.out_stride[0] + t.head * p.out_stride[2];
+    if (p.out_vec16) {
 #pragma unroll
-    for (int i = 0; i < D / 2; i += 2) {
-        int r = (i / 2) % 2, row = row0 + 8 * r, col = 8 * (i / 4) + 2 * quad;
-        if (row < p.seqlen_q) {
-            uint32_t packed = FP16 ? pack_f16x2(o[i] * inv[r], o[i + 1] * inv[r])
-                                   : pack_bf16x2(o[i] * inv[r], o[i + 1] * inv[r]);
-            *(uint32_t *)(out + row * p.out_stride[1] + col) = packed;
+        for (int g = 0; g < D / 32; g++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                uint32_t v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int i = 4 * (4 * g + j) + 2 * r;
+                    v[j] = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
+                }
+                quad_transpose4(v, quad);
+                int row = row0 + 8 * r, col = 8 * (4 * g + quad);
+                if (row < p.seqlen_q) *(uint4 *)(out + row * p.out_stride[1] + col) = make_uint4(v[0], v[1], v[2], v[3]);
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < D / 2; i += 2) {
+            int r = (i / 2) % 2, row = row0 + 8 * r, col = 8 * (i / 4) + 2 * quad;
+            if (row < p.seqlen_q) *(uint32_t *)(out + row * p.out_stride[1] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
         }
     }
     if (p.lse && quad == 0) {

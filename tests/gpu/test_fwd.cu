@@ -15,6 +15,7 @@ typedef struct {
     float softcap;
     int packed_qkv;      // q, k, v interleaved in one (b, s, 3h, d) buffer (needs heads_q == heads_kv)
     float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
+    int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
 } fwd_case;
 
 static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
@@ -98,6 +99,9 @@ static void run_case(const char *label, fwd_case c) {
         }
     }
     tu_strides_bshd(p.out.stride, B, SQ, HQ, D);
+    const int64_t out_row = HQ * D + c.out_pad, n_out = B * SQ * out_row;   // elements of the output buffer
+    p.out.stride[1] = out_row;
+    p.out.stride[0] = SQ * out_row;
 
     // Reference in float64 on fp32 copies (exact), and the naive low-precision one.
     p.q.data = hq;
@@ -120,7 +124,7 @@ static void run_case(const char *label, fwd_case c) {
 
     void *lowp = tu_alloc(nq * es);
     fa3c_fwd_params lp = p;
-    lp.out.data = lowp;
+    lp.out = tu_tensor(lowp, B, SQ, HQ, D);
     lp.lse = NULL;
     CHECK(fa3c_cpu_fwd_reference_lowp(&lp) == FA3C_STATUS_OK, "lowp reference: %s", fa3c_last_error());
 
@@ -131,12 +135,12 @@ static void run_case(const char *label, fwd_case c) {
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
     void *dout = NULL;
     float *dlse = NULL;
-    CUDA_OK(cudaMalloc(&dout, nq * es));
+    CUDA_OK(cudaMalloc(&dout, n_out * es));
     CUDA_OK(cudaMalloc((void **)&dlse, B * HQ * SQ * 4));
-    void *gout[2] = {tu_alloc(nq * es), tu_alloc(nq * es)};
+    void *gout[2] = {tu_alloc(n_out * es), tu_alloc(n_out * es)};
     float *glse = (float *)tu_alloc(B * HQ * SQ * 4);
     for (int run = 0; run < 2; run++) {
-        CUDA_OK(cudaMemset(dout, 0xFF, nq * es));   // NaN poison
+        CUDA_OK(cudaMemset(dout, 0xFF, n_out * es));   // NaN poison
         CUDA_OK(cudaMemset(dlse, 0xFF, B * HQ * SQ * 4));
         fa3c_fwd_params g = p;
         g.q.data = dq;
@@ -149,17 +153,25 @@ static void run_case(const char *label, fwd_case c) {
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
         CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaMemcpy(gout[run], dout, nq * es, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(gout[run], dout, n_out * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
     }
 
     // Every element written, the rule met, the LSE close, the two runs equal.
     float *gf = (float *)tu_alloc(nq * 4), *lf = (float *)tu_alloc(nq * 4);
-    for (int64_t i = 0; i < nq; i++) {
-        gf[i] = tu_load(gout[0], c.dtype, i);
-        lf[i] = tu_load(lowp, c.dtype, i);
-    }
-    int64_t unwritten = tu_count_nan(gout[0], c.dtype, nq);
+    fa3c_tensor gt = p.out;
+    gt.data = gout[0];
+    tu_gather(gf, &gt, c.dtype, B, SQ, HQ, D);   // the logical output, padding skipped
+    for (int64_t i = 0; i < nq; i++) lf[i] = tu_load(lowp, c.dtype, i);
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < nq; i++) unwritten += isnan(gf[i]);
+    int64_t pad_written = 0;   // padding between output rows must keep its poison
+    for (int64_t row = 0; row < B * SQ; row++)
+        for (int64_t e = HQ * D; e < out_row; e++) {
+            uint16_t bits;
+            memcpy(&bits, (char *)gout[0] + (row * out_row + e) * es, 2);
+            pad_written += bits != 0xFFFF;
+        }
     double err = tu_max_abs_err(gf, ref, nq), err_lowp = tu_max_abs_err(lf, ref, nq);
     double rel = tu_rel_l2_err(gf, ref, nq);
     double atol = 1e-3;
@@ -171,10 +183,11 @@ static void run_case(const char *label, fwd_case c) {
         if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
         if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
     }
-    int identical = memcmp(gout[0], gout[1], nq * es) == 0;
+    int identical = memcmp(gout[0], gout[1], n_out * es) == 0;
     printf("    max err %.3g (naive %s %.3g, bound %.3g), rel L2 %.3g, LSE max err %.3g, runs identical %d\n",
            err, tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, rel, lse_err, identical);
     CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
+    CHECK(pad_written == 0, "%lld padding elements overwritten", (long long)pad_written);
     CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
     CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
     CHECK(identical, "two runs on the same inputs differ: a race");
@@ -280,6 +293,16 @@ TEST(fwd_packed_qkv) {
     c.packed_qkv = 1;
     c.causal = 1;
     run_case("packed qkv", c);
+}
+
+TEST(fwd_padded_output_rows) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 300, 300, 2, 128);   // row pitch not a multiple of 16 B: 4-byte stores
+    c.out_pad = 2;
+    run_case("out pad 2", c);
+    c = base_case(FP16, 1, 130, 130, 3, 64);             // 16-byte multiple: vector stores, padding untouched
+    c.out_pad = 8;
+    run_case("out pad 8", c);
 }
 
 TEST(fwd_hdim96_and_192) {
