@@ -149,7 +149,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
     if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim, cols,
-                                  FA3C_FWD_BLOCK_M)) ||
+                                  FA3C_FWD_BLOCK_M(pr->headdim))) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
                                   cols, block_n)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
@@ -167,10 +167,10 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.seqlen_k = pr->seqlen_k;
     k.heads_q = pr->heads_q;
     k.heads_kv = pr->heads_kv;
-    k.num_m_blocks = (pr->seqlen_q + FA3C_FWD_BLOCK_M - 1) / FA3C_FWD_BLOCK_M;
+    k.num_m_blocks = (pr->seqlen_q + FA3C_FWD_BLOCK_M(pr->headdim) - 1) / FA3C_FWD_BLOCK_M(pr->headdim);
     if ((int64_t)k.num_m_blocks * pr->batch * pr->heads_q > INT32_MAX)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
-                          FA3C_FWD_BLOCK_M);
+                          FA3C_FWD_BLOCK_M(pr->headdim));
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {
         /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */

@@ -21,7 +21,7 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0 && sms < grid)
             grid = sms;
     }
-    fwd_kernel<D, FP16><<<grid, FA3C_FWD_THREADS, smem, stream>>>(*p);
+    fwd_kernel<D, FP16><<<grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));

@@ -23,12 +23,12 @@
 #include "scheduler.cuh"
 
 // Named-barrier ids (0 is __syncthreads): one per consumer warpgroup for
-// the pingpong turn-taking.
-enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_TURN_WG1 = 2 };
+// the turn-taking (pingpong; round robin with 3 warpgroups).
+enum FwdNamedBarrier { BAR_TURN_WG0 = 1 };
 
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
-    alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M * D * 2];
+    alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
     uint64_t q_full, q_empty;
@@ -64,11 +64,11 @@ template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     int ring = 0, q_uses = 0;
     for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
-        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M, BLOCK_N);
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
         mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M * D * 2);
-        load_tile<D, FA3C_FWD_BLOCK_M>(sm.q, &p.q_map, &sm.q_full, t.m0, t.head, t.batch);
+        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
+        load_tile<D, FA3C_FWD_BLOCK_M(D)>(sm.q, &p.q_map, &sm.q_full, t.m0, t.head, t.batch);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             int s = stage_of(ring, STAGES);
             uint32_t ph = phase_of(ring, STAGES);
@@ -95,7 +95,7 @@ FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consu
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t in_row = (kk % STEPS_PER_CHUNK) * 32, chunk = kk / STEPS_PER_CHUNK;
-        uint32_t q_off = chunk * FA3C_FWD_BLOCK_M * L::ROW_BYTES + in_row;
+        uint32_t q_off = chunk * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES + in_row;
         uint32_t k_off = chunk * BLOCK_N * L::ROW_BYTES + in_row;
         wgmma_ss<BLOCK_N, FP16>(s, smem_desc_swizzled(q_addr + q_off, 16, L::ATOM_BYTES, L::ROW_BYTES),
                                 smem_desc_swizzled(k_addr + k_off, 16, L::ATOM_BYTES, L::ROW_BYTES), kk > 0);
@@ -126,23 +126,28 @@ FA3C_DEVICE void release(uint64_t *bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(bar);
 }
 
-// Turn-taking between the two consumer warpgroups (pingpong).
+// Turn-taking between the consumer warpgroups: warpgroup c issues its GEMMs
+// when c - 1 has issued its own, so one's softmax runs under the others'
+// GEMMs (pingpong with 2, round robin with 3). Each barrier id joins the
+// waiting warpgroup and the one passing the turn: 256 threads.
+template <int CONSUMERS>
 FA3C_DEVICE void wait_my_turn(int consumer) {
     if (FA3C_FWD_PINGPONG) named_bar_sync(BAR_TURN_WG0 + consumer, 256);
 }
+template <int CONSUMERS>
 FA3C_DEVICE void pass_turn(int consumer) {
-    if (FA3C_FWD_PINGPONG) named_bar_arrive(BAR_TURN_WG0 + (1 - consumer), 256);
+    if (FA3C_FWD_PINGPONG) named_bar_arrive(BAR_TURN_WG0 + (consumer + 1) % CONSUMERS, 256);
 }
 
 // Scores in place: softcap and the mask, where they apply.
-template <int BLOCK_N>
+template <int BLOCK_M, int BLOCK_N>
 FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const FwdTile &t, int row0, int n,
                                 int quad) {
     if (p.softcap > 0.f) {
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; i++) s[i] = p.softcap * tanh_approx(s[i] * p.softcap_pre);
     }
-    if (block_needs_mask(p, t.m0, FA3C_FWD_BLOCK_M, BLOCK_N, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
+    if (block_needs_mask(p, t.m0, BLOCK_M, BLOCK_N, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
 }
 
 // ---- epilogue ------------------------------------------------------------------
@@ -242,15 +247,15 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     int n = t.n_end - 1;
     int cur = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-    wait_my_turn(consumer_index);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_fence();
     gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
-    pass_turn(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     release(&sm.k_empty[cur]);
-    prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
+    prepare_scores<FA3C_FWD_BLOCK_M(D), BLOCK_N>(s, p, t, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
 
@@ -261,18 +266,18 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         cur = stage_of(ring, STAGES);
         mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
         mbar_wait_parity(&sm.v_full[prev], prev_phase);
-        wait_my_turn(consumer_index);
+        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
-        pass_turn(consumer_index);
+        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
 
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         release(&sm.k_empty[cur]);
-        prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
+        prepare_scores<FA3C_FWD_BLOCK_M(D), BLOCK_N>(s, p, t, row0, n, quad);
         softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
 
         wgmma_wait<0>();                 // P·V(j-1) done: O may be rescaled
@@ -288,11 +293,11 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     int last = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
-    wait_my_turn(consumer_index);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();
-    pass_turn(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     release(&sm.v_empty[last]);
@@ -316,19 +321,20 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, const FwdTile
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
-    if (consumer_index == 1) pass_turn(1);   // warpgroup 0 takes the first turn
+    enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
+    if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
-        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M, BLOCK_N);
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t))
             write_empty_tile<D, FP16>(p, t, consumer_index);
         else
             consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
     }
-    if (consumer_index == 0) wait_my_turn(0);   // take warpgroup 1's last pass: barriers end balanced
+    if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
 }
 
 template <int D, int FP16>
-__global__ void __launch_bounds__(FA3C_FWD_THREADS, 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
+__global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
     enum { BLOCK_N = FA3C_FWD_BLOCK_N(D), STAGES = FA3C_FWD_STAGES(D) };
     typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
     extern __shared__ uint8_t smem_raw[];
@@ -339,12 +345,12 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS, 1) fwd_kernel(const __grid_c
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
         mbar_init(&sm.q_full, 1);
-        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMER_WARPGROUPS);          // one per consumer warp
+        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));          // one per consumer warp
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);
-            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMER_WARPGROUPS);
-            mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMER_WARPGROUPS);
+            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D));
+            mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D));
         }
         fence_barrier_init();
     }
@@ -353,10 +359,10 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS, 1) fwd_kernel(const __grid_c
     // Warpgroup-uniform role, as setmaxnreg requires.
     int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
-        reg_dealloc<FA3C_FWD_PRODUCER_REGS>();
+        reg_dealloc<FA3C_FWD_PRODUCER_REGS(D)>();
         if (threadIdx.x == 0) producer<D, BLOCK_N, STAGES>(p, sm);
     } else {
-        reg_alloc<FA3C_FWD_CONSUMER_REGS>();
+        reg_alloc<FA3C_FWD_CONSUMER_REGS(D)>();
         consumer<D, BLOCK_N, STAGES, FP16>(p, sm, warpgroup - 1);
     }
 }

@@ -1,7 +1,8 @@
 /* Tile sizes of the forward kernel per head dim, in one table.
  *
  * BLOCK_M = 128 query rows per CTA: two consumer warpgroups of 64 rows (the
- * wgmma M), which share every K/V tile and pingpong between GEMMs and softmax.
+ * wgmma M), which share every K/V tile and pingpong between GEMMs and softmax
+ * (optionally 3 warpgroups, 192 rows, for hdim 64).
  * BLOCK_N (keys per tile) and the pipeline depth trade smem against reuse:
  *   Q tile = 128 * D * 2 B, each stage = 2 * BLOCK_N * D * 2 B (K and V),
  *   and the total must stay under the 227 KB a block may use.
@@ -15,13 +16,19 @@
 #ifndef FA3C_FWD_TILES_H
 #define FA3C_FWD_TILES_H
 
-#define FA3C_FWD_BLOCK_M 128
-#define FA3C_FWD_CONSUMER_WARPGROUPS 2
-#define FA3C_FWD_THREADS (128 * (1 + FA3C_FWD_CONSUMER_WARPGROUPS))
+/* Consumer warpgroups per CTA (64 query rows each): 2, or 3 for hdim 64
+ * where the small O accumulator leaves room (FA3 does the same). */
+#ifndef FA3C_FWD_CONSUMERS_64
+#define FA3C_FWD_CONSUMERS_64 3
+#endif
+#define FA3C_FWD_CONSUMERS(D) ((D) == 64 ? FA3C_FWD_CONSUMERS_64 : 2)
+#define FA3C_FWD_BLOCK_M(D) (64 * FA3C_FWD_CONSUMERS(D))
+#define FA3C_FWD_THREADS(D) (128 * (1 + FA3C_FWD_CONSUMERS(D)))
 
-/* setmaxnreg budgets: 128*24 + 256*240 = 64512 <= 65536 registers. */
-#define FA3C_FWD_PRODUCER_REGS 24
-#define FA3C_FWD_CONSUMER_REGS 240
+/* setmaxnreg budgets (128*producer + 128*consumers*consumer <= 65536):
+ * 2 consumers: 24 + 2*240; 3 consumers: 32 + 3*160. */
+#define FA3C_FWD_PRODUCER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 24 : 32)
+#define FA3C_FWD_CONSUMER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 240 : 160)
 
 /* Overridable with -D for tuning runs (tools/gpu_check.sh variants). */
 #ifndef FA3C_FWD_BLOCK_N_64
