@@ -14,51 +14,71 @@
 
 typedef struct {
     fa3c_dtype dtype;
-    int headdim;
+    int headdim, block_n, wide;
     fa3c_fwd_launcher launch;
 } fwd_instance;
 
-#define FA3C_TABLE_ROW(name, dt, hd) {dt, hd, fa3c_fwd_sm90_##name},
+/* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
+#define FA3C_TABLE_ROW(name, dt, hd, bn, wd) {dt, hd, bn, wd, fa3c_fwd_sm90_##name},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
-    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64)
+    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim96
-    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96)
+    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim128
-    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128)
+    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128), 0)
+#endif
+#ifdef FA3C_INST_bf16_hdim128_n176
+    FA3C_TABLE_ROW(bf16_hdim128_n176, FA3C_DTYPE_BF16, 128, 176, 1)
 #endif
 #ifdef FA3C_INST_bf16_hdim192
-    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192)
+    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim256
-    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256)
+    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim64
-    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64)
+    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim96
-    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96)
+    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim128
-    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128)
+    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128), 0)
+#endif
+#ifdef FA3C_INST_fp16_hdim128_n176
+    FA3C_TABLE_ROW(fp16_hdim128_n176, FA3C_DTYPE_FP16, 128, 176, 1)
 #endif
 #ifdef FA3C_INST_fp16_hdim192
-    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192)
+    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim256
-    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256)
+    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 0)
 #endif
-    {FA3C_DTYPE_FP32, 0, NULL}};
+    {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
 
-static fa3c_fwd_launcher find_fwd(fa3c_dtype dtype, int headdim) {
-    for (size_t i = 0; fwd_instances[i].launch; i++)
-        if (fwd_instances[i].dtype == dtype && fwd_instances[i].headdim == headdim) return fwd_instances[i].launch;
-    return NULL;
+/* Long non-causal attention without a window: the wide-tile instance, when
+ * built, is faster there (bench/RESULTS.md, runs 2-3). */
+enum { WIDE_TILE_MIN_SEQLEN_K = 2048 };
+
+static int wants_wide_tile(const fa3c_problem *pr) {
+    return !pr->causal && pr->window_left < 0 && pr->window_right < 0 && pr->seqlen_k >= WIDE_TILE_MIN_SEQLEN_K;
 }
 
-/* On 0, this thread's error message says why (api.c quotes it). */
+/* The instance for this call: the wide one when it pays and exists, else the default. */
+static const fwd_instance *find_fwd(const fa3c_problem *pr) {
+    const fwd_instance *found = NULL;
+    for (size_t i = 0; fwd_instances[i].launch; i++) {
+        const fwd_instance *f = &fwd_instances[i];
+        if (f->dtype != pr->dtype || f->headdim != pr->headdim) continue;
+        if (f->wide == wants_wide_tile(pr)) return f;
+        if (!found || !f->wide) found = f;   /* any tile computes the same function */
+    }
+    return found;
+}
+
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -119,7 +139,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16)",
                           dtype_name(pr->dtype));
-    if (!find_fwd(pr->dtype, pr->headdim))
+    if (!find_fwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
@@ -145,7 +165,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_status s = fa3c_cuda_fwd_supported(p);
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
-    int block_n = FA3C_FWD_BLOCK_N(pr->headdim), cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
+    const fwd_instance *inst = find_fwd(pr);
+    int block_n = inst->block_n, cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
     if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim, cols,
@@ -184,7 +205,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     }
     k.window_left = pr->window_left;
     k.window_right = pr->causal ? 0 : pr->window_right;
-    return find_fwd(pr->dtype, pr->headdim)(&k, stream);
+    return inst->launch(&k, stream);
 }
 
 fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {

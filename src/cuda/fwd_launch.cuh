@@ -5,10 +5,10 @@
 #include "fwd_sm90.cuh"
 #include "backend.h"
 
-template <int D, int FP16>
+template <int D, int BLOCK_N, int FP16>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
-    size_t smem = fwd_smem_bytes<D>();
-    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, FP16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    size_t smem = fwd_smem_bytes<D, BLOCK_N>();
+    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, BLOCK_N, FP16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
@@ -21,14 +21,16 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0 && sms < grid)
             grid = sms;
     }
-    fwd_kernel<D, FP16><<<grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
+    fwd_kernel<D, BLOCK_N, FP16><<<grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));
     return FA3C_STATUS_OK;
 }
 
-#define FA3C_FWD_INSTANCE(NAME, D, FP16)                                                       \
+// BLOCK_N: keys per tile; FA3C_FWD_BLOCK_N(D) by default, a wider tile for
+// the long non-causal instances (backend.c chooses).
+#define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16)                                              \
     extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \
-        return launch_fwd<D, FP16>(p, (cudaStream_t)stream);                                   \
+        return launch_fwd<D, BLOCK_N, FP16>(p, (cudaStream_t)stream);                          \
     }

@@ -333,9 +333,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
 }
 
-template <int D, int FP16>
+template <int D, int BLOCK_N, int FP16>
 __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
-    enum { BLOCK_N = FA3C_FWD_BLOCK_N(D), STAGES = FA3C_FWD_STAGES(D) };
+    enum { STAGES = FA3C_FWD_STAGES(D) };
     typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
     extern __shared__ uint8_t smem_raw[];
     Smem &sm = *(Smem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
 }
 
 // Dynamic smem a launch needs (the +1024 lets the kernel align the base).
-template <int D>
+template <int D, int BLOCK_N>
 static size_t fwd_smem_bytes(void) {
-    return sizeof(FwdSmem<D, FA3C_FWD_BLOCK_N(D), FA3C_FWD_STAGES(D)>) + 1024;
+    return sizeof(FwdSmem<D, BLOCK_N, FA3C_FWD_STAGES(D)>) + 1024;
 }

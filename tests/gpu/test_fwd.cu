@@ -295,6 +295,20 @@ TEST(fwd_packed_qkv) {
     run_case("packed qkv", c);
 }
 
+TEST(fwd_long_noncausal_wide_tile) {
+    REQUIRE_SM90();
+    // seqlen_k >= 2048, non-causal, no window: the BLOCK_N 176 hdim-128 instance
+    // (2500 keys: a partial last tile); the window case takes the default tile.
+    run_case("wide tile bf16", base_case(BF16, 1, 300, 2500, 2, 128));
+    fwd_case c = base_case(FP16, 2, 129, 2048, 4, 128);
+    c.heads_kv = 2;
+    c.softcap = 20.f;
+    run_case("wide tile fp16 gqa softcap", c);
+    c = base_case(BF16, 1, 200, 2200, 2, 128);
+    c.window_left = 300;
+    run_case("window, default tile", c);
+}
+
 TEST(fwd_padded_output_rows) {
     REQUIRE_SM90();
     fwd_case c = base_case(BF16, 2, 300, 300, 2, 128);   // row pitch not a multiple of 16 B: 4-byte stores
