@@ -16,9 +16,9 @@ cmake --build "$build/_consumer" > /dev/null
 
 echo "-- pkg-config fa3c"
 if command -v pkg-config > /dev/null; then
-    # The .pc names the configure-time prefix; --define-prefix relocates it to
-    # where we installed (a user installing to CMAKE_INSTALL_PREFIX needs neither).
-    pc() { PKG_CONFIG_PATH="$prefix/lib/pkgconfig:$prefix/lib64/pkgconfig" pkg-config --define-prefix "$@" fa3c; }
+    # The .pc finds its prefix relative to its own location (${pcfiledir}), so an
+    # install moved with --prefix must work as shipped: no --define-prefix here.
+    pc() { PKG_CONFIG_PATH="$prefix/lib/pkgconfig:$prefix/lib64/pkgconfig" pkg-config "$@" fa3c; }
     libdir=$(pc --variable=libdir)
     # shellcheck disable=SC2046  # pkg-config prints flags meant to be split
     cc -std=c11 -o "$build/_consumer/hello_pc" examples/hello.c $(pc --cflags --libs) -lm -Wl,-rpath,"$libdir"

@@ -24,7 +24,7 @@ if ! cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${FA3C_CMAKE_ARGS:-} ||
     echo "==== build: FAILED"
     exit 1
 fi
-stage ctest bash -c 'cd build && ctest --output-on-failure -j2'
+stage ctest bash -c 'cd build && ctest --output-on-failure --no-tests=error -j2'
 stage install bash tools/check_install.sh build
 if [ -f tools/test_python.sh ]; then
     stage python bash tools/test_python.sh

@@ -157,8 +157,9 @@ class Call:
     same pointers, for a few microseconds of Python: benchmarks use it to time the
     kernels rather than the argument handling."""
 
-    def __init__(self, fn, params, outputs, keep, context=""):
+    def __init__(self, fn, params, outputs, keep, context="", check_fn=None):
         self._fn = fn
+        self._check_fn = check_fn
         self._params = params
         self._ref = ctypes.byref(params)
         self.outputs = outputs
@@ -171,6 +172,13 @@ class Call:
         if st:
             _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
         return self.outputs
+
+    def check(self):
+        """Validate without running (fa3c_fwd_check / fa3c_bwd_check): raises what run()
+        would raise before doing any work."""
+        st = self._check_fn(self._ref)
+        if st:
+            _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
 
 
 def forward(ops, q, k, v, stream=None, **kw):
@@ -230,7 +238,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.q_descale, p.k_descale, p.v_descale = [ops.ptr(d) if d is not None else None for d in descales]
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
-    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales))
+    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales),
+                check_fn=L.fa3c_fwd_check)
 
 
 def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -279,7 +288,7 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     # NOT_SUPPORTED from a backward usually means "this backend has no backward
     # for this case yet": the error says it was the backward, then the reason.
     return Call(L.fa3c_bwd, p, (dq, dk, dv), (dout, q, k, v, out, lse, cu_q, cu_k, used_k),
-                context="fa3c backward")
+                context="fa3c backward", check_fn=L.fa3c_bwd_check)
 
 
 def backend_code(backend):

@@ -30,9 +30,14 @@ def _out_dtype(dt):
 class TorchOps:
     @staticmethod
     def prepare(x):
-        # like FA3: only a non-unit stride on headdim forces a copy; strides of
-        # 0 elsewhere (expand) are passed through, fa3c broadcasts them.
-        return x if x.stride(-1) == 1 else x.contiguous()
+        # Like FA3, a non-unit stride on headdim forces a copy. Strides of 0
+        # elsewhere (expand) pass through on the CPU, which broadcasts them; the
+        # CUDA kernels read with TMA, which needs positive strides, so copy there.
+        if x.stride(-1) != 1:
+            return x.contiguous()
+        if x.is_cuda and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape)):
+            return x.contiguous()
+        return x
 
     @staticmethod
     def ptr(x):

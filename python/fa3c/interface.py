@@ -40,10 +40,12 @@ def _ops_for(x):
 def _unsupported(**kw):
     """NotImplementedError for FA3 arguments given a value fa3c cannot honour."""
     for name, (value, default) in kw.items():
-        if value is None and default is None:
-            continue
-        if value is not default and value != default:
-            raise NotImplementedError("fa3c: %s=%r is not supported (only %r)" % (name, value, default))
+        # Defaults are None or plain numbers, so arrays and tensors only ever meet None
+        # (comparing them with != would be element-wise, or would sync a CUDA tensor).
+        bad = value is not None if default is None else value != default
+        if bad:
+            shown = "a %s" % type(value).__name__ if hasattr(value, "shape") else repr(value)
+            raise NotImplementedError("fa3c: %s=%s is not supported (only %r)" % (name, shown, default))
 
 
 def _common_unsupported(qv, attention_chunk, sm_margin):
@@ -131,24 +133,30 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                            return_attn_probs=return_attn_probs)
 
 
+def _check_cache_room(k_cache, n, lens, pages):
+    """Raise unless every sequence's new n tokens fit behind its cache_seqlens."""
+    for b, start in enumerate(lens):
+        room = k_cache.shape[1] if pages is None else len(pages[b]) * k_cache.shape[1]
+        if start + n > room:
+            raise _core.bad("%skv cache too small: sequence %d needs %d slots, has %d"
+                            % ("paged " if pages is not None else "", b, start + n, room))
+
+
 def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table):
     """Write the new keys/values into the cache at cache_seqlens (in place), as FA3 does.
-    A per-sequence host loop: fine for decoding steps, not a bulk path."""
+    Checks that everything fits before writing anything. A per-sequence host loop: fine
+    for decoding steps, not a bulk path."""
     lens = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
                              else cache_seqlens)]
     pages = page_table.tolist() if page_table is not None else None
+    n = k.shape[1]
+    _check_cache_room(k_cache, n, lens, pages)
     for b, start in enumerate(lens):
-        n = k.shape[1]
         if pages is None:
-            if start + n > k_cache.shape[1]:
-                raise _core.bad("kv cache too small: sequence %d needs %d slots, has %d"
-                                % (b, start + n, k_cache.shape[1]))
             k_cache[b, start:start + n] = k[b]
             v_cache[b, start:start + n] = v[b]
         else:
             ps = k_cache.shape[1]
-            if start + n > len(pages[b]) * ps:
-                raise _core.bad("paged kv cache too small for sequence %d" % b)
             for t in range(n):
                 pos = start + t
                 pg, off = pages[b][pos // ps], pos % ps
@@ -187,14 +195,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         else:
             import numpy as np
             cache_seqlens = np.asarray(cache_seqlens, dtype=np.int32)
+    appended_lens = cache_seqlens
     if k is not None:
         if cache_seqlens is None:
             raise _core.bad("appending k, v to the cache needs cache_seqlens")
-        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table)
-        cache_seqlens = cache_seqlens + k.shape[1]
-    kw = dict(seqused_k=cache_seqlens, page_table=page_table, softmax_scale=softmax_scale,
+        appended_lens = cache_seqlens + k.shape[1]
+    kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
+    if k is not None:
+        # The C API writes nothing on error; keep that promise for the cache too: check
+        # the whole call (as the backend it will run on) before appending in place.
+        ops = _ops_for(q)
+        stream, guard, backend = _where(q, None)
+        with guard:
+            _core.prepare_forward(ops, q, k_cache, v_cache, backend=backend, **kw).check()
+        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table)
     if torch_path:
         out, lse = _torch().attention(q, k_cache, v_cache, **kw)
     else:

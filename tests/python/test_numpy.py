@@ -194,6 +194,22 @@ def test_kvcache_append_and_paged(rng):
         assert_accurate(out[i:i + 1], want, want, 1e-5, "paged seq %d" % i)
 
 
+def test_kvcache_append_writes_nothing_on_error(rng):
+    # The C API's promise (nothing written on error) holds for the in-place append too.
+    b, hq, hkv, d, cap = 2, 2, 1, 16, 8
+    q = randn(rng, (b, 1, hq, d), np.float32)
+    kc, vc = randn(rng, (b, cap, hkv, d), np.float32), randn(rng, (b, cap, hkv, d), np.float32)
+    knew, vnew = randn(rng, (b, 2, hkv, d), np.float32), randn(rng, (b, 2, hkv, d), np.float32)
+    before = kc.copy(), vc.copy()
+    with pytest.raises(fa3c.Fa3cError, match="seqused_k|too small"):   # sequence 1 does not fit
+        fa3c.flash_attn_with_kvcache(q, kc, vc, k=knew, v=vnew, cache_seqlens=np.array([3, 7], np.int32))
+    with pytest.raises(fa3c.Fa3cError, match="window"):           # the call itself is invalid
+        fa3c.flash_attn_with_kvcache(q, kc, vc, k=knew, v=vnew, cache_seqlens=np.array([1, 1], np.int32),
+                                     window_size=(-2, 0))
+    np.testing.assert_array_equal(kc, before[0])
+    np.testing.assert_array_equal(vc, before[1])
+
+
 def test_fp8_with_descale(rng):
     ml = ml_dtypes_or_skip()
     b, s, hq, hkv, d = 2, 48, 4, 2, 64

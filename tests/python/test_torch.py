@@ -271,6 +271,20 @@ def test_gpu_packed_qkv_strides():
 
 
 @gpu
+def test_gpu_broadcast_inputs():
+    """Stride-0 (expanded) k and v: the CUDA kernels need positive strides, so the
+    binding copies them; the result must match the reference."""
+    torch.manual_seed(8)
+    q = torch.randn(2, 200, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 1, 128, device="cuda", dtype=torch.bfloat16).expand(2, 300, 4, 128)
+    v = torch.randn(1, 300, 4, 128, device="cuda", dtype=torch.bfloat16).expand(2, 300, 4, 128)
+    out = fa3c.flash_attn_func(q, k, v, causal=True)
+    want = attention_ref(q, k, v, causal=True)[0]
+    naive = attention_ref(q, k, v, causal=True, upcast=False)[0]
+    check(out, want, naive, 1e-3, "broadcast k, v")
+
+
+@gpu
 def test_gpu_uses_current_stream():
     """fa3c must run on torch's current stream: q is written on a side stream after a long
     sleep, and fa3c is queued behind it on that stream. On any other stream it would read
