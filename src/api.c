@@ -78,8 +78,12 @@ static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
         return fa3c_error(BAD, "problem.dtype: unknown dtype %d (expected 0..3: FP32, FP16, BF16, E4M3)",
                           (int)pr->dtype);
     if (pr->batch < 1) return fa3c_error(BAD, "problem.batch: must be >= 1 (got %d)", pr->batch);
-    if (pr->seqlen_q < 1) return fa3c_error(BAD, "problem.seqlen_q: must be >= 1 (got %d)", pr->seqlen_q);
-    if (pr->seqlen_k < 1) return fa3c_error(BAD, "problem.seqlen_k: must be >= 1 (got %d)", pr->seqlen_k);
+    if (pr->seqlen_q < 1 || pr->seqlen_q > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "problem.seqlen_q: must be in [1, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
+                          pr->seqlen_q);
+    if (pr->seqlen_k < 1 || pr->seqlen_k > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "problem.seqlen_k: must be in [1, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
+                          pr->seqlen_k);
     if (pr->heads_q < 1) return fa3c_error(BAD, "problem.heads_q: must be >= 1 (got %d)", pr->heads_q);
     if (pr->heads_kv < 1) return fa3c_error(BAD, "problem.heads_kv: must be >= 1 (got %d)", pr->heads_kv);
     if (pr->heads_q % pr->heads_kv != 0)
@@ -106,16 +110,17 @@ static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
             return fa3c_error(BAD, "problem.page_size: must be >= 1 with a page table (got %d)", pr->page_size);
         if (pr->num_pages < 1)
             return fa3c_error(BAD, "problem.num_pages: must be >= 1 with a page table (got %d)", pr->num_pages);
+        if (pr->page_size > FA3C_MAX_SEQLEN)
+            return fa3c_error(BAD, "problem.page_size: must be <= FA3C_MAX_SEQLEN = %d (got %d)", FA3C_MAX_SEQLEN,
+                              pr->page_size);
         int64_t need = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
+        if (pr->page_table_stride > INT32_MAX)   /* keeps batch * stride far inside int64 */
+            return fa3c_error(BAD, "problem.page_table_stride: must be <= 2^31 - 1 (got %lld)",
+                              (long long)pr->page_table_stride);
         if (pr->page_table_stride < need)
             return fa3c_error(BAD, "problem.page_table_stride: must be >= ceil(seqlen_k / page_size) = %lld (got %lld)",
                               (long long)need, (long long)pr->page_table_stride);
     }
-    /* Unsupported but well-formed: after the malformed cases, so those are named first. */
-    if (is_bwd && pr->dtype == FA3C_DTYPE_E4M3)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.dtype: E4M3 has no backward (fp8 is forward only)");
-    if (is_bwd && pr->page_table)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
     return FA3C_STATUS_OK;
 }
 
@@ -239,12 +244,12 @@ static fa3c_status check_host_arrays(const call_desc *c) {
     if (pr->page_table) {
         /* Only the entries that cover used keys are read; the rest may hold anything (e.g. -1). */
         for (int b = 0; b < pr->batch; b++) {
-            int used = (fa3c_seqlen_k_of(pr, b) + pr->page_size - 1) / pr->page_size;
-            for (int i = 0; i < used; i++) {
+            int64_t used = ((int64_t)fa3c_seqlen_k_of(pr, b) + pr->page_size - 1) / pr->page_size;
+            for (int64_t i = 0; i < used; i++) {
                 int32_t page = pr->page_table[(int64_t)b * pr->page_table_stride + i];
                 if (page < 0 || page >= pr->num_pages)
-                    return fa3c_error(BAD, "problem.page_table[%d][%d]: page %d is out of range [0, problem.num_pages = %d)",
-                                      b, i, page, pr->num_pages);
+                    return fa3c_error(BAD, "problem.page_table[%d][%lld]: page %d is out of range [0, problem.num_pages = %d)",
+                                      b, (long long)i, page, pr->num_pages);
             }
         }
     }
@@ -484,6 +489,11 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     c.tensors[7] = (tensor_arg){"dv", &p->dv, ROWS_DK, pr->heads_kv, es, 1};
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
+    /* Well-formed but unsupported: only after every malformed case has been named. */
+    if (pr->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.dtype: E4M3 has no backward (fp8 is forward only)");
+    if (pr->page_table)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
 
     *out = *p;
     out->backend = backend;

@@ -99,6 +99,11 @@ TEST(hadamard_argument_errors) {
     CHECK(strcmp(fa3c_last_error(), "") == 0, "message not cleared after success: %s", fa3c_last_error());
     float one[1] = {3.0f};
     CHECK(fa3c_hadamard_rotate_f32(one, 1, 1, NULL) == FA3C_STATUS_OK && one[0] == 3.0f, "len 1 is the identity");
+    float signs[8] = {1, -1, 1, 1, 0.5f, 1, -1, 1}, y[8] = {1, 2, 3, 4, 5, 6, 7, 8}, y0[8];
+    memcpy(y0, y, sizeof y);
+    CHECK(fa3c_hadamard_rotate_f32(y, 1, 8, signs) == FA3C_STATUS_INVALID_ARGUMENT, "sign 0.5 accepted");
+    CHECK(strstr(fa3c_last_error(), "signs[4]") != NULL, "message: %s", fa3c_last_error());
+    CHECK(memcmp(y, y0, sizeof y) == 0, "x modified by a refused call");
 }
 
 TEST_MAIN()

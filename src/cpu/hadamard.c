@@ -10,6 +10,11 @@ fa3c_status fa3c_hadamard_rotate_f32(float *x, int64_t n, int len, const float *
     if (len < 1 || len > 256 || (len & (len - 1)) != 0)
         return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT,
                           "hadamard: len must be a power of two in [1, 256] (got %d)", len);
+    if (signs)   /* anything but +-1 would make the rotation non-orthogonal */
+        for (int j = 0; j < len; j++)
+            if (signs[j] != 1.0f && signs[j] != -1.0f)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "hadamard: signs[%d] must be +1 or -1 (got %g)", j,
+                                  (double)signs[j]);
     const float norm = (float)(1.0 / sqrt((double)len));
     for (int64_t r = 0; r < n; r++) {
         float *row = x + r * (int64_t)len;

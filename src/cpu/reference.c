@@ -50,7 +50,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &P;
     const int d = pr->headdim, group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, odt = fa3c_out_dtype(dt);
-    const int ntask = pr->batch * pr->heads_q;
+    const int64_t ntask = (int64_t)pr->batch * pr->heads_q;   /* can exceed INT_MAX */
     int oom = 0;
 
 #pragma omp parallel
@@ -61,13 +61,13 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
         double *s = (double *)malloc(sizeof(double) * (size_t)skmax);
         double *acc = q ? q + d : NULL;
 #pragma omp for schedule(dynamic)
-        for (int t = 0; t < ntask; t++) {
+        for (int64_t t = 0; t < ntask; t++) {
             if (!q || !kk || !vv || !s) {
 #pragma omp atomic write
                 oom = 1;
                 continue;
             }
-            const int b = t / pr->heads_q, h = t % pr->heads_q, hk = h / group;
+            const int b = (int)(t / pr->heads_q), h = (int)(t % pr->heads_q), hk = h / group;
             const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
             const double qd = descale_of(p->q_descale, pr, b, hk);
             const double kd = descale_of(p->k_descale, pr, b, hk);
@@ -120,7 +120,7 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
     const int d = pr->headdim, group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, rd = fa3c_out_dtype(dt); /* rd: the precision rounded to */
     const float scale = pr->softmax_scale, cap = pr->softcap;
-    const int ntask = pr->batch * pr->heads_q;
+    const int64_t ntask = (int64_t)pr->batch * pr->heads_q;   /* can exceed INT_MAX */
     int oom = 0;
 
 #pragma omp parallel
@@ -131,13 +131,13 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
         float *s = (float *)malloc(sizeof(float) * (size_t)skmax);
         float *acc = q ? q + d : NULL;
 #pragma omp for schedule(dynamic)
-        for (int t = 0; t < ntask; t++) {
+        for (int64_t t = 0; t < ntask; t++) {
             if (!q || !kk || !vv || !s) {
 #pragma omp atomic write
                 oom = 1;
                 continue;
             }
-            const int b = t / pr->heads_q, h = t % pr->heads_q, hk = h / group;
+            const int b = (int)(t / pr->heads_q), h = (int)(t % pr->heads_q), hk = h / group;
             const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
             const float qd = (float)descale_of(p->q_descale, pr, b, hk);
             const float kd = (float)descale_of(p->k_descale, pr, b, hk);
@@ -210,7 +210,7 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
         if (stored_seqlen_k(pr, b) > skmax) skmax = stored_seqlen_k(pr, b);
     const fa3c_dtype dt = pr->dtype;
     const double scale = pr->softmax_scale, cap = pr->softcap;
-    const int ntask = pr->batch * pr->heads_kv;
+    const int64_t ntask = (int64_t)pr->batch * pr->heads_kv;
     int oom = 0;
 
 #pragma omp parallel
@@ -222,14 +222,14 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
         double *dv = (double *)malloc(sizeof(double) * (size_t)skmax * d);
         double *s = (double *)malloc(sizeof(double) * (size_t)skmax * 2);
 #pragma omp for schedule(dynamic)
-        for (int t = 0; t < ntask; t++) {
+        for (int64_t t = 0; t < ntask; t++) {
             if (!row || !kk || !vv || !dk || !dv || !s) {
 #pragma omp atomic write
                 oom = 1;
                 continue;
             }
             double *q = row, *dov = row + d, *o = row + 2 * d, *dq = row + 3 * d, *pp = s + skmax;
-            const int b = t / pr->heads_kv, hk = t % pr->heads_kv;
+            const int b = (int)(t / pr->heads_kv), hk = (int)(t % pr->heads_kv);
             const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b), skst = stored_seqlen_k(pr, b);
             for (int j = 0; j < sk; j++) {
                 load_row(kk + (int64_t)j * d, &p->k, dt, fa3c_k_offset(pr, &p->k, b, j, hk, 0), d, 1.0);
