@@ -369,4 +369,122 @@ TEST(bwd_public_api_cpu) {
     brelease(&s);
 }
 
+/* ---- varlen backward against plain batch-1 runs (no shared addressing helpers) ---- */
+
+static fa3c_status fwd_be(fa3c_fwd_params f, fa3c_backend be) {
+    f.backend = be;
+    return fa3c_fwd(&f, NULL);
+}
+
+/* max |a - b| over n elements of two dtype buffers (NaN counts as infinite). */
+static double max_diff_rows(const void *a, int64_t ia, const void *b, int64_t ib, int64_t n, fa3c_dtype dt) {
+    double m = 0;
+    for (int64_t x = 0; x < n; x++) {
+        double d = fabs((double)tu_load(a, dt, ia + x) - (double)tu_load(b, dt, ib + x));
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+TEST(bwd_varlen_vs_per_sequence) {
+    /* different lengths incl. a length-1 query, a sequence with sq > sk, GQA 2:1, causal */
+    enum { NB = 4, HQ = 4, HKV = 2, D = 32 };
+    const int lq[NB] = {37, 1, 70, 9}, lk[NB] = {50, 63, 70, 4};
+    const fa3c_dtype dts[2] = {FA3C_DTYPE_FP32, FA3C_DTYPE_FP16};
+    const fa3c_backend bes[2] = {FA3C_BACKEND_CPU, FA3C_BACKEND_CPU_REFERENCE};
+    int32_t cq[NB + 1] = {0}, ck[NB + 1] = {0};
+    for (int b = 0; b < NB; b++) { cq[b + 1] = cq[b] + lq[b]; ck[b + 1] = ck[b] + lk[b]; }
+    const int tq = cq[NB], tk = ck[NB];
+    const int64_t nq = (int64_t)tq * HQ * D, nk = (int64_t)tk * HKV * D;
+    for (int t = 0; t < 2; t++) {
+        const fa3c_dtype dt = dts[t];
+        const size_t es = tu_dtype_size(dt);
+        char *q = (char *)tu_alloc(es * nq), *k = (char *)tu_alloc(es * nk), *v = (char *)tu_alloc(es * nk),
+             *dout = (char *)tu_alloc(es * nq), *out = (char *)tu_alloc(es * nq);
+        char *dq = (char *)tu_alloc(es * nq), *dk = (char *)tu_alloc(es * nk), *dv = (char *)tu_alloc(es * nk);
+        float *lse = (float *)tu_alloc(sizeof(float) * HQ * tq);
+        tu_fill_normal(q, dt, nq, 1.0f);
+        tu_fill_normal(k, dt, nk, 1.0f);
+        tu_fill_normal(v, dt, nk, 1.0f);
+        tu_fill_normal(dout, dt, nq, 1.0f);
+        fa3c_fwd_params f;
+        fa3c_fwd_params_init(&f);
+        f.problem.dtype = dt;
+        f.problem.batch = NB; f.problem.seqlen_q = 70; f.problem.seqlen_k = 70;
+        f.problem.heads_q = HQ; f.problem.heads_kv = HKV; f.problem.headdim = D;
+        f.problem.causal = 1;
+        f.problem.cu_seqlens_q = cq; f.problem.cu_seqlens_k = ck;
+        f.q = tu_tensor(q, 1, tq, HQ, D); f.k = tu_tensor(k, 1, tk, HKV, D); f.v = tu_tensor(v, 1, tk, HKV, D);
+        f.out = tu_tensor(out, 1, tq, HQ, D);
+        f.lse = lse;
+        CHECK(fwd_be(f, FA3C_BACKEND_CPU_REFERENCE) == FA3C_STATUS_OK, "varlen forward: %s", fa3c_last_error());
+        fa3c_bwd_params g;
+        fa3c_bwd_params_init(&g);
+        g.problem = f.problem;
+        g.q = f.q; g.k = f.k; g.v = f.v; g.out = f.out; g.lse = lse;
+        g.dout = tu_tensor(dout, 1, tq, HQ, D);
+        g.dq = tu_tensor(dq, 1, tq, HQ, D); g.dk = tu_tensor(dk, 1, tk, HKV, D); g.dv = tu_tensor(dv, 1, tk, HKV, D);
+        g.deterministic = 1;
+        for (int e = 0; e < 2; e++) {
+            tu_poison(dq, es * nq); tu_poison(dk, es * nk); tu_poison(dv, es * nk);
+            g.backend = bes[e];
+            fa3c_status st = fa3c_bwd(&g, NULL);
+            CHECK(st == FA3C_STATUS_OK, "%s backend %d varlen bwd: %s", tu_dtype_name(dt), bes[e], fa3c_last_error());
+            double err[3] = {0, 0, 0}, mag[3] = {0, 0, 0};
+            for (int b = 0; b < NB; b++) {
+                /* this sequence alone in its own contiguous buffers, out/lse from its own forward */
+                const int64_t sqn = (int64_t)lq[b] * HQ * D, skn = (int64_t)lk[b] * HKV * D;
+                char *sb[8];
+                const int64_t sz[8] = {sqn, skn, skn, sqn, sqn, sqn, skn, skn}; /* q k v dout out dq dk dv */
+                for (int i = 0; i < 8; i++) sb[i] = (char *)tu_alloc(es * sz[i] + 1);
+                memcpy(sb[0], q + es * (size_t)cq[b] * HQ * D, es * sqn);
+                memcpy(sb[1], k + es * (size_t)ck[b] * HKV * D, es * skn);
+                memcpy(sb[2], v + es * (size_t)ck[b] * HKV * D, es * skn);
+                memcpy(sb[3], dout + es * (size_t)cq[b] * HQ * D, es * sqn);
+                float *sl = (float *)tu_alloc(sizeof(float) * HQ * lq[b]);
+                fa3c_fwd_params sf = f;
+                sf.problem.batch = 1; sf.problem.seqlen_q = lq[b]; sf.problem.seqlen_k = lk[b];
+                sf.problem.cu_seqlens_q = sf.problem.cu_seqlens_k = NULL;
+                sf.q = tu_tensor(sb[0], 1, lq[b], HQ, D); sf.k = tu_tensor(sb[1], 1, lk[b], HKV, D);
+                sf.v = tu_tensor(sb[2], 1, lk[b], HKV, D); sf.out = tu_tensor(sb[4], 1, lq[b], HQ, D);
+                sf.lse = sl;
+                CHECK(fwd_be(sf, FA3C_BACKEND_CPU_REFERENCE) == FA3C_STATUS_OK, "seq %d forward: %s", b, fa3c_last_error());
+                fa3c_bwd_params sg = g;
+                sg.problem = sf.problem;
+                sg.q = sf.q; sg.k = sf.k; sg.v = sf.v; sg.out = sf.out; sg.lse = sl;
+                sg.dout = tu_tensor(sb[3], 1, lq[b], HQ, D);
+                sg.dq = tu_tensor(sb[5], 1, lq[b], HQ, D); sg.dk = tu_tensor(sb[6], 1, lk[b], HKV, D);
+                sg.dv = tu_tensor(sb[7], 1, lk[b], HKV, D);
+                tu_poison(sb[5], es * sqn); tu_poison(sb[6], es * skn); tu_poison(sb[7], es * skn);
+                sg.backend = FA3C_BACKEND_CPU_REFERENCE;
+                CHECK(fa3c_bwd(&sg, NULL) == FA3C_STATUS_OK, "seq %d bwd: %s", b, fa3c_last_error());
+                /* row by row: varlen token cu[b] + i against row i of the sequence's own run */
+                const char *vl[3] = {dq, dk, dv};
+                const int64_t base[3] = {(int64_t)cq[b] * HQ * D, (int64_t)ck[b] * HKV * D, (int64_t)ck[b] * HKV * D};
+                const int64_t rowlen[3] = {HQ * D, HKV * D, HKV * D}, rows[3] = {lq[b], lk[b], lk[b]};
+                for (int w = 0; w < 3; w++)
+                    for (int64_t r = 0; r < rows[w]; r++) {
+                        double d = max_diff_rows(vl[w], base[w] + r * rowlen[w], sb[5 + w], r * rowlen[w], rowlen[w], dt);
+                        if (d > err[w]) err[w] = d;
+                        for (int64_t x = 0; x < rowlen[w]; x++) {
+                            double a = fabs(tu_load(sb[5 + w], dt, r * rowlen[w] + x));
+                            if (a > mag[w]) mag[w] = a;
+                        }
+                    }
+                for (int i = 0; i < 8; i++) free(sb[i]);
+                free(sl);
+            }
+            const double rtol = dt == FA3C_DTYPE_FP32 ? 1e-5 : 4e-3;
+            const char *names[3] = {"dq", "dk", "dv"};
+            for (int w = 0; w < 3; w++) {
+                CHECK(err[w] <= rtol * mag[w] + 1e-6, "%s backend %d: varlen %s differs from per-sequence runs by %.3g (max |g| %.3g)",
+                      tu_dtype_name(dt), bes[e], names[w], err[w], mag[w]);
+                if (getenv("FA3C_VERBOSE"))
+                    printf("  varlen bwd %s be %d %s err %.3g max %.3g\n", tu_dtype_name(dt), bes[e], names[w], err[w], mag[w]);
+            }
+        }
+        free(q); free(k); free(v); free(dout); free(out); free(dq); free(dk); free(dv); free(lse);
+    }
+}
+
 TEST_MAIN()
