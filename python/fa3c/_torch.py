@@ -115,15 +115,11 @@ def _launch(q):
 # One fwd op for every entry point (fixed, varlen, kv cache); unused optional
 # tensors are None and max_seqlen_* are 0 when not varlen.
 
-@torch.library.custom_op("fa3c::fwd", mutates_args=())
-def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
-           seqused_k: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
-           q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
-           v_descale: Optional[torch.Tensor],
-           max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-           window_left: int, window_right: int, softcap: float, num_splits: int,
-           deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
+              v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, num_splits, deterministic):
+    """The forward itself: what the fa3c::fwd op runs, and what eager calls that need no
+    gradient run directly (the op's dispatch costs tens of microseconds per call)."""
     backend, stream, guard = _launch(q)
     with guard:
         return _core.forward(
@@ -134,6 +130,20 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             causal=causal, window_size=(window_left, window_right), softcap=softcap,
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             num_splits=num_splits, backend=backend, stream=stream)
+
+
+@torch.library.custom_op("fa3c::fwd", mutates_args=())
+def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+           seqused_k: Optional[torch.Tensor], page_table: Optional[torch.Tensor],
+           q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
+           v_descale: Optional[torch.Tensor],
+           max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+           window_left: int, window_right: int, softcap: float, num_splits: int,
+           deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale,
+                     k_descale, v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, num_splits, deterministic)
 
 
 @fwd_op.register_fake
@@ -256,7 +266,9 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
             int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(*args)
-    return torch.ops.fa3c.fwd(*args)
+    if torch.compiler.is_compiling():
+        return torch.ops.fa3c.fwd(*args)   # traced: the graph must see the op
+    return _fwd_impl(*args)                 # eager, no autograd: skip the dispatcher
 
 
 def to_int32_tensor(x, like):
