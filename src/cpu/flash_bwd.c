@@ -1,13 +1,19 @@
-/* Tiled backward with float accumulation, in two race-free passes so that it
- * is deterministic (every gradient element is summed by one task, in a fixed
- * order) and parallel even for MQA with batch 1:
- *   pass 1, per (batch, kv head, key block): for every query head of the GQA
- *           group and every query block, recompute P = exp(score - lse), then
- *           dV += Pᵀ dO and dK += dSᵀ Q (dS = P ∘ (dO Vᵀ - D) ∘ tanh' under softcap);
- *   pass 2, per (batch, head, query block): recompute P and dS, dQ += dS K.
- * D = rowsum(dO ∘ O) is computed once beforehand (linear memory). This costs
- * two extra tile products (S and dP are formed in both passes) but needs no
- * atomics and no per-thread dQ copies. */
+/* Tiled backward with float accumulation, in one pass (the 5 tile products of
+ * FlashAttention-2: S = Q Kᵀ, dP = dO Vᵀ, dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K)
+ * and deterministic: identical bits for any thread count and on every run.
+ *
+ *   prologue, per (query block, head): Q and dO converted to float once into
+ *     packed blocks, D = rowsum(dO ∘ O), lse and per-row key ranges;
+ *   main pass, per (batch, kv head, key chunk): for each key block of the chunk
+ *     (dK, dV of that block summed in the task, over the GQA group and every
+ *     query block, in a fixed order), and dQ accumulated in float in the
+ *     chunk's own buffer;
+ *   epilogue, per (query block, head): dQ = sum of the chunk buffers, chunk 0
+ *     first, scaled and rounded.
+ * The number of chunks depends only on the problem shape (never on the thread
+ * count), so the order of every sum is fixed. Memory is linear in seqlen:
+ * (2 + chunks) float copies of q (chunks <= 8, 1 once batch x kv heads >= 16).
+ * The tile products use the forward's 6x16 micro-kernel (cpu/kernels.h). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -18,91 +24,109 @@
 #include "cpu/kernels.h"
 #include "cpu/tile_io.h"
 
-/* Both tile sides are multiples of MR (rows of Pᵀ and dSᵀ are keys) and NR. */
-enum { BM = 48, BN = 48 };
+/* BM query rows (a multiple of MR) by BN keys (a multiple of MR and NR: keys
+ * are the rows of Pᵀ and dSᵀ). */
+enum { BM = 48, BN = 48, CHUNK_TASKS = 16, MAX_CHUNKS = 8 };
+
+#define AI static inline __attribute__((always_inline))
 
 typedef struct {
     const fa3c_bwd_params *p;
     fa3c_problem pr;
-    int d, dp, group;
+    int d, dp, group, nchunk;
     fa3c_dtype dt;
-    float *D; /* rowsum(dO ∘ O), indexed like lse */
+    int64_t nqb;       /* query blocks over all batches */
+    int *qblk;         /* [nqb][2]: (batch, first row) */
+    int64_t *qfirst;   /* [batch + 1]: first query block of each batch */
+    float *Qf, *dOf;   /* [nqb][hq][BM][dp] float, zero-padded */
+    float *lse, *D;    /* [nqb][hq][BM]; lse = +inf for rows with no mass (P = 0) */
+    int *rlo, *rhi;    /* [nqb][BM] visible keys per row (empty for padding rows) */
+    int *blo, *bhi;    /* [nqb] union of the rows' ranges */
+    int *fmax_lo, *fmin_hi; /* [nqb] max lo, min hi over all BM rows: a tile needs no mask when inside */
+    float *dqacc;      /* [nchunk][nqb][hq][BM][dp] */
 } bwd_ctx;
 
 typedef struct {
-    float *Q, *dO;     /* [BM][dp] */
-    float *Kt, *Vt;    /* [dp][BN] transposed key block */
-    float *K;          /* [BN][dp] key block (pass 2) */
-    float *S, *dP;     /* [BM][BN]: scores -> P, dP -> dS */
-    float *G;          /* [BM][BN] tanh' factor (softcap only) */
-    float *T;          /* [BN][BM] transposed P or dS */
-    float *acc1, *acc2;/* [BN][dp] dK, dV (pass 1); acc1 [BM][dp] dQ (pass 2) */
-    float *row;        /* [dp] */
-    float lse[BM], Dr[BM];
-    int lo[BM], hi[BM];
+    float *K;        /* [BN][dp] key block */
+    float *Kt, *Vt;  /* [dp][BN] transposed key and value blocks */
+    float *S, *dP;   /* [BM][BN]: scores -> P, dP -> dS */
+    float *G;        /* [BM][BN] tanh' factor (softcap only) */
+    float *T;        /* [BN][BM] transposed P or dS */
+    float *dK, *dV;  /* [BN][dp] */
+    float *row;      /* [dp] */
 } bwd_ws;
 
 static int stored_seqlen_k(const fa3c_problem *pr, int b) {
     return pr->cu_seqlens_k ? pr->cu_seqlens_k[b + 1] - pr->cu_seqlens_k[b] : pr->seqlen_k;
 }
 
-/* Query rows i0.. of head h: Q, dO, lse, D and key ranges; returns the row count. */
-static int load_q_block(const bwd_ctx *c, bwd_ws *w, int b, int h, int i0, int sq, int sk) {
-    const fa3c_bwd_params *p = c->p;
-    const fa3c_problem *pr = &c->pr;
-    const int nrows = sq - i0 < BM ? sq - i0 : BM;
-    for (int r = 0; r < BM; r++) {
-        float *qr = w->Q + (int64_t)r * c->dp, *dr = w->dO + (int64_t)r * c->dp;
-        if (r < nrows) {
-            const int i = i0 + r;
-            load_row_f(qr, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i, h), c->d, c->dp, 1.0f);
-            load_row_f(dr, p->dout.data, c->dt, fa3c_q_offset(pr, &p->dout, b, i, h), c->d, c->dp, 1.0f);
-            fa3c_key_range(pr, i, sq, sk, &w->lo[r], &w->hi[r]);
-            const int64_t li = fa3c_lse_index(pr, b, h, i);
-            w->lse[r] = p->lse[li];
-            w->Dr[r] = c->D[li];
-            if (!(w->lse[r] > -INFINITY)) { /* fully masked row: no probability mass */
-                w->hi[r] = w->lo[r] - 1;
-                w->lse[r] = 0; /* keeps exp(-inf - lse) = 0 rather than NaN */
-            }
-        } else {
-            memset(qr, 0, sizeof(float) * c->dp);
-            memset(dr, 0, sizeof(float) * c->dp);
-            w->lo[r] = 1;
-            w->hi[r] = 0;
-            w->lse[r] = 0;
-            w->Dr[r] = 0;
-        }
-    }
-    return nrows;
+static size_t blk_off(const bwd_ctx *c, int64_t k, int h) { /* float offset of block (k, h) of a packed buffer */
+    return ((size_t)k * c->pr.heads_q + h) * BM * c->dp;
 }
 
-/* Keys j0 .. j0+nk-1 of (b, hk) into Kt, Vt (and K when want_k), zero-padded to BN. */
-static void load_k_block(const bwd_ctx *c, bwd_ws *w, int b, int hk, int j0, int nk, int want_k) {
+/* Prologue for query block k, head h: Q, dO, lse, D. */
+FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
+    const fa3c_bwd_params *p = c->p;
+    const fa3c_problem *pr = &c->pr;
+    const int b = c->qblk[2 * k], i0 = c->qblk[2 * k + 1], d = c->d, dp = c->dp;
+    const int sq = fa3c_seqlen_q_of(pr, b), nrows = sq - i0 < BM ? sq - i0 : BM;
+    float *Q = c->Qf + blk_off(c, k, h), *dO = c->dOf + blk_off(c, k, h);
+    float *lse = c->lse + ((size_t)k * pr->heads_q + h) * BM, *D = c->D + ((size_t)k * pr->heads_q + h) * BM;
+    for (int ch = 0; ch < c->nchunk; ch++) /* this block's dQ accumulators */
+        memset(c->dqacc + (size_t)ch * c->nqb * pr->heads_q * BM * dp + blk_off(c, k, h), 0, sizeof(float) * BM * dp);
+    for (int r = 0; r < BM; r++) {
+        float *qr = Q + (int64_t)r * dp, *dr = dO + (int64_t)r * dp;
+        if (r < nrows) {
+            const int i = i0 + r;
+            load_row_f(qr, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i, h), d, dp, 1.0f);
+            load_row_f(dr, p->dout.data, c->dt, fa3c_q_offset(pr, &p->dout, b, i, h), d, dp, 1.0f);
+            load_row_f(w->row, p->out.data, c->dt, fa3c_q_offset(pr, &p->out, b, i, h), d, dp, 1.0f);
+            float s = 0; /* the same fused chain as the dP = dO Vᵀ product, so that dP - D is exactly 0 where O = V */
+            for (int x = 0; x < d; x++) s = __builtin_fmaf(dr[x], w->row[x], s);
+            D[r] = s;
+            const float l = p->lse[fa3c_lse_index(pr, b, h, i)];
+            lse[r] = l > -INFINITY ? l : INFINITY; /* fully masked row: exp(s - inf) = 0 */
+        } else {
+            memset(qr, 0, sizeof(float) * dp);
+            memset(dr, 0, sizeof(float) * dp);
+            lse[r] = INFINITY;
+            D[r] = 0;
+        }
+    }
+}
+
+/* Keys j0 .. j0+nk-1 of (b, hk) into K, Kt, Vt, zero-padded to BN. */
+static void load_k_block(const bwd_ctx *c, bwd_ws *w, int b, int hk, int j0, int nk) {
     const fa3c_bwd_params *p = c->p;
     const int d = c->d, dp = c->dp;
     for (int jj = 0; jj < BN; jj++) {
+        float *kr = w->K + (int64_t)jj * dp;
         if (jj < nk) {
-            float *kr = want_k ? w->K + (int64_t)jj * dp : w->row;
             load_row_f(kr, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 0), d, dp, 1.0f);
             for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = kr[x];
             load_row_f(w->row, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 0), d, dp, 1.0f);
             for (int x = 0; x < d; x++) w->Vt[(int64_t)x * BN + jj] = w->row[x];
         } else {
             for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = w->Vt[(int64_t)x * BN + jj] = 0.0f;
-            if (want_k) memset(w->K + (int64_t)jj * dp, 0, sizeof(float) * dp);
+            memset(kr, 0, sizeof(float) * dp);
         }
     }
+    for (int x = d; x < dp; x++)
+        for (int jj = 0; jj < BN; jj++) w->Kt[(int64_t)x * BN + jj] = w->Vt[(int64_t)x * BN + jj] = 0.0f;
 }
 
-/* S -> P and dP -> dS for the tile (query rows of w, keys j0..j0+BN-1). */
-static inline void tile_grad(const bwd_ctx *c, bwd_ws *w, int j0) {
+AI void transpose_tile(const float *restrict src, float *restrict dst) { /* [BM][BN] -> [BN][BM] */
+    for (int r = 0; r < BM; r++)
+        for (int j = 0; j < BN; j++) dst[j * BM + r] = src[r * BN + j];
+}
+
+/* S -> P and dP -> dS for the tile of query block k, head h, keys j0 .. j0+BN-1. */
+AI void tile_grad(const bwd_ctx *c, bwd_ws *w, int64_t k, const float *lse, const float *D, int j0) {
     const float scale = c->pr.softmax_scale, cap = c->pr.softcap;
-    gemm(BM, BN, c->d, w->Q, c->dp, w->Kt, BN, w->S, BN, 0, NULL);
-    gemm(BM, BN, c->d, w->dO, c->dp, w->Vt, BN, w->dP, BN, 0, NULL);
+    const int *rlo = c->rlo + k * BM, *rhi = c->rhi + k * BM;
+    const int full = c->fmax_lo[k] <= j0 && c->fmin_hi[k] >= j0 + BN - 1;
     for (int r = 0; r < BM; r++) {
         float *s = w->S + r * BN, *dp = w->dP + r * BN;
-        const int lo = w->lo[r] - j0, hi = w->hi[r] - j0; /* visible columns [lo, hi] */
         if (cap > 0) {
             float *g = w->G + r * BN;
             for (int j = 0; j < BN; j++) {
@@ -111,121 +135,179 @@ static inline void tile_grad(const bwd_ctx *c, bwd_ws *w, int j0) {
                 g[j] = 1.0f - t * t;
             }
         } else {
-            for (int j = 0; j < BN; j += VW) vstore(s + j, vload(s + j) * vsplat(scale));
+            const vf sc = vsplat(scale);
+            for (int j = 0; j < BN; j += VW) vstore(s + j, vload(s + j) * sc);
         }
-        for (int j = 0; j < BN; j++)
-            if (j < lo || j > hi) s[j] = -INFINITY;
-        for (int j = 0; j < BN; j += VW) vstore(s + j, vexp_sub(s + j, w->lse[r]));
-        const vf D = vsplat(w->Dr[r]);
-        for (int j = 0; j < BN; j += VW) vstore(dp + j, vload(s + j) * (vload(dp + j) - D));
+        if (!full) {
+            const int lo = rlo[r] - j0, hi = rhi[r] - j0; /* visible columns [lo, hi] */
+            for (int j = 0; j < BN; j++)
+                if (j < lo || j > hi) s[j] = -INFINITY;
+        }
+        const vf l = vsplat(lse[r]), Dr = vsplat(D[r]);
+        for (int j = 0; j < BN; j += VW) {
+            const vf pv = vexp(vload(s + j) - l);
+            vstore(s + j, pv);
+            vstore(dp + j, pv * (vload(dp + j) - Dr));
+        }
         if (cap > 0)
             for (int j = 0; j < BN; j++) dp[j] *= w->G[r * BN + j];
     }
 }
 
-static void transpose_tile(const float *restrict src, float *restrict dst) { /* [BM][BN] -> [BN][BM] */
-    for (int r = 0; r < BM; r++)
-        for (int j = 0; j < BN; j++) dst[j * BM + r] = src[r * BN + j];
-}
-
-static int block_visible(const bwd_ws *w, int j0, int j1) { /* any row sees a key in [j0, j1] */
-    for (int r = 0; r < BM; r++)
-        if (w->lo[r] <= w->hi[r] && w->lo[r] <= j1 && w->hi[r] >= j0) return 1;
-    return 0;
-}
-
-FA3C_HOT static void dkdv_block(const bwd_ctx *c, bwd_ws *w, int b, int hk, int j0) {
+/* Key blocks ch, ch + nchunk, ... of (b, hk): dK and dV of each block, and the
+ * chunk's share of dQ. */
+FA3C_HOT static void kv_task(const bwd_ctx *c, bwd_ws *w, int b, int hk, int ch) {
     const fa3c_bwd_params *p = c->p;
     const fa3c_problem *pr = &c->pr;
-    const int dp = c->dp, sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
-    const int nst = stored_seqlen_k(pr, b) - j0 < BN ? stored_seqlen_k(pr, b) - j0 : BN; /* rows to write */
-    const int nk = sk - j0 < nst ? (sk - j0 > 0 ? sk - j0 : 0) : nst;                    /* rows with keys */
-    memset(w->acc1, 0, sizeof(float) * BN * dp);
-    memset(w->acc2, 0, sizeof(float) * BN * dp);
-    if (nk > 0) {
-        load_k_block(c, w, b, hk, j0, nk, 0);
-        for (int h = hk * c->group; h < (hk + 1) * c->group; h++)
-            for (int i0 = 0; i0 < sq; i0 += BM) {
-                load_q_block(c, w, b, h, i0, sq, sk);
-                if (!block_visible(w, j0, j0 + nk - 1)) continue;
-                tile_grad(c, w, j0);
-                transpose_tile(w->S, w->T);
-                gemm(BN, dp, BM, w->T, BM, w->dO, dp, w->acc2, dp, 1, NULL); /* dV += Pᵀ dO */
-                transpose_tile(w->dP, w->T);
-                gemm(BN, dp, BM, w->T, BM, w->Q, dp, w->acc1, dp, 1, NULL);  /* dK += dSᵀ Q */
-            }
-    }
-    for (int jj = 0; jj < nst; jj++) {
-        store_row_f(p->dk.data, c->dt, fa3c_k_offset(pr, &p->dk, b, j0 + jj, hk, 0), w->acc1 + (int64_t)jj * dp, c->d,
-                    pr->softmax_scale);
-        store_row_f(p->dv.data, c->dt, fa3c_k_offset(pr, &p->dv, b, j0 + jj, hk, 0), w->acc2 + (int64_t)jj * dp, c->d,
-                    1.0f);
-    }
-}
-
-FA3C_HOT static void dq_block(const bwd_ctx *c, bwd_ws *w, int b, int h, int i0) {
-    const fa3c_bwd_params *p = c->p;
-    const fa3c_problem *pr = &c->pr;
-    const int dp = c->dp, hk = h / c->group, sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
-    const int nrows = load_q_block(c, w, b, h, i0, sq, sk);
-    int kmin = INT_MAX, kmax = -1;
-    for (int r = 0; r < nrows; r++)
-        if (w->lo[r] <= w->hi[r]) {
-            if (w->lo[r] < kmin) kmin = w->lo[r];
-            if (w->hi[r] > kmax) kmax = w->hi[r];
+    const int dp = c->dp, hq = pr->heads_q;
+    const int skst = stored_seqlen_k(pr, b), sk = fa3c_seqlen_k_of(pr, b);
+    float *dqacc = c->dqacc + (size_t)ch * c->nqb * hq * BM * dp;
+    for (int j0 = ch * BN; j0 < skst; j0 += c->nchunk * BN) {
+        const int nst = skst - j0 < BN ? skst - j0 : BN;                        /* rows to write */
+        const int nk = sk - j0 < nst ? (sk - j0 > 0 ? sk - j0 : 0) : nst;      /* rows with keys */
+        memset(w->dK, 0, sizeof(float) * BN * dp);
+        memset(w->dV, 0, sizeof(float) * BN * dp);
+        if (nk > 0) {
+            const int j1 = j0 + nk - 1;
+            load_k_block(c, w, b, hk, j0, nk);
+            for (int h = hk * c->group; h < (hk + 1) * c->group; h++)
+                for (int64_t k = c->qfirst[b]; k < c->qfirst[b + 1]; k++) {
+                    if (c->blo[k] > j1 || c->bhi[k] < j0 || c->blo[k] > c->bhi[k]) continue;
+                    const size_t o = blk_off(c, k, h);
+                    const float *Q = c->Qf + o, *dO = c->dOf + o;
+                    const float *lse = c->lse + ((size_t)k * hq + h) * BM, *D = c->D + ((size_t)k * hq + h) * BM;
+                    gemm(BM, BN, c->d, Q, dp, w->Kt, BN, w->S, BN, 0, NULL);   /* S = Q Kᵀ */
+                    gemm(BM, BN, c->d, dO, dp, w->Vt, BN, w->dP, BN, 0, NULL); /* dP = dO Vᵀ */
+                    tile_grad(c, w, k, lse, D, j0);
+                    transpose_tile(w->S, w->T);
+                    gemm(BN, dp, BM, w->T, BM, dO, dp, w->dV, dp, 1, NULL);   /* dV += Pᵀ dO */
+                    transpose_tile(w->dP, w->T);
+                    gemm(BN, dp, BM, w->T, BM, Q, dp, w->dK, dp, 1, NULL);    /* dK += dSᵀ Q */
+                    gemm(BM, dp, BN, w->dP, BN, w->K, dp, dqacc + o, dp, 1, NULL); /* dQ += dS K */
+                }
         }
-    memset(w->acc1, 0, sizeof(float) * BM * dp);
-    for (int j0 = kmin; j0 <= kmax; j0 += BN) {
-        const int nk = kmax + 1 - j0 < BN ? kmax + 1 - j0 : BN;
-        load_k_block(c, w, b, hk, j0, nk, 1);
-        tile_grad(c, w, j0);
-        gemm(BM, dp, BN, w->dP, BN, w->K, dp, w->acc1, dp, 1, NULL); /* dQ += dS K */
+        for (int jj = 0; jj < nst; jj++) {
+            store_row_f(p->dk.data, c->dt, fa3c_k_offset(pr, &p->dk, b, j0 + jj, hk, 0), w->dK + (int64_t)jj * dp,
+                        c->d, pr->softmax_scale);
+            store_row_f(p->dv.data, c->dt, fa3c_k_offset(pr, &p->dv, b, j0 + jj, hk, 0), w->dV + (int64_t)jj * dp,
+                        c->d, 1.0f);
+        }
     }
-    for (int r = 0; r < nrows; r++)
-        store_row_f(p->dq.data, c->dt, fa3c_q_offset(pr, &p->dq, b, i0 + r, h), w->acc1 + (int64_t)r * dp, c->d,
-                    pr->softmax_scale);
+}
+
+/* Epilogue for query block k, head h: dQ = Σ_chunks (in order) · scale. */
+FA3C_HOT static void dq_store(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
+    const fa3c_bwd_params *p = c->p;
+    const fa3c_problem *pr = &c->pr;
+    const int b = c->qblk[2 * k], i0 = c->qblk[2 * k + 1], dp = c->dp;
+    const int sq = fa3c_seqlen_q_of(pr, b), nrows = sq - i0 < BM ? sq - i0 : BM;
+    const size_t o = blk_off(c, k, h), cs = (size_t)c->nqb * pr->heads_q * BM * dp;
+    for (int r = 0; r < nrows; r++) {
+        const float *src = c->dqacc + o + (size_t)r * dp;
+        if (c->nchunk > 1) {
+            memcpy(w->row, src, sizeof(float) * dp);
+            for (int ch = 1; ch < c->nchunk; ch++)
+                for (int x = 0; x < dp; x++) w->row[x] += src[ch * cs + x];
+            src = w->row;
+        }
+        store_row_f(p->dq.data, c->dt, fa3c_q_offset(pr, &p->dq, b, i0 + r, h), src, c->d, pr->softmax_scale);
+    }
 }
 
 static int alloc_ws(bwd_ws *w, int dp) {
-    w->Q = scratch_floats((size_t)BM * dp);
-    w->dO = scratch_floats((size_t)BM * dp);
+    w->K = scratch_floats((size_t)BN * dp);
     w->Kt = scratch_floats((size_t)dp * BN);
     w->Vt = scratch_floats((size_t)dp * BN);
-    w->K = scratch_floats((size_t)BN * dp);
     w->S = scratch_floats((size_t)BM * BN);
     w->dP = scratch_floats((size_t)BM * BN);
     w->G = scratch_floats((size_t)BM * BN);
     w->T = scratch_floats((size_t)BM * BN);
-    w->acc1 = scratch_floats((size_t)(BM > BN ? BM : BN) * dp);
-    w->acc2 = scratch_floats((size_t)BN * dp);
+    w->dK = scratch_floats((size_t)BN * dp);
+    w->dV = scratch_floats((size_t)BN * dp);
     w->row = scratch_floats((size_t)dp);
-    return w->Q && w->dO && w->Kt && w->Vt && w->K && w->S && w->dP && w->G && w->T && w->acc1 && w->acc2 && w->row;
+    return w->K && w->Kt && w->Vt && w->S && w->dP && w->G && w->T && w->dK && w->dV && w->row;
 }
 
 static void free_ws(bwd_ws *w) {
-    free(w->Q); free(w->dO); free(w->Kt); free(w->Vt); free(w->K); free(w->S);
-    free(w->dP); free(w->G); free(w->T); free(w->acc1); free(w->acc2); free(w->row);
+    free(w->K); free(w->Kt); free(w->Vt); free(w->S); free(w->dP);
+    free(w->G); free(w->T); free(w->dK); free(w->dV); free(w->row);
 }
 
-/* (batch, first row) of every block of `bs` rows; lengths from len(pr, b). */
-static int *list_blocks(const fa3c_problem *pr, int bs, int (*len)(const fa3c_problem *, int), int64_t *n) {
-    int64_t cnt = 0;
-    for (int b = 0; b < pr->batch; b++) cnt += (len(pr, b) + bs - 1) / bs;
-    int *blk = (int *)malloc(sizeof(int) * 2 * (size_t)(cnt > 0 ? cnt : 1));
-    if (!blk) return NULL;
+static void free_ctx(bwd_ctx *c) {
+    free(c->qblk); free(c->qfirst); free(c->Qf); free(c->dOf); free(c->lse); free(c->D);
+    free(c->rlo); free(c->rhi); free(c->blo); free(c->bhi); free(c->fmax_lo); free(c->fmin_hi); free(c->dqacc);
+}
+
+/* Query blocks, their key ranges, and the packed buffers. */
+static int setup(bwd_ctx *c) {
+    const fa3c_problem *pr = &c->pr;
+    int64_t n = 0, maxkb = 0;
+    c->qfirst = (int64_t *)malloc(sizeof(int64_t) * (size_t)(pr->batch + 1));
+    if (!c->qfirst) return 0;
+    for (int b = 0; b < pr->batch; b++) {
+        c->qfirst[b] = n;
+        n += (fa3c_seqlen_q_of(pr, b) + BM - 1) / BM;
+        const int64_t kb = (stored_seqlen_k(pr, b) + BN - 1) / BN;
+        if (kb > maxkb) maxkb = kb;
+    }
+    c->qfirst[pr->batch] = n;
+    c->nqb = n;
+    /* chunks of key blocks: enough tasks for any thread count, from the shape alone */
+    const int64_t bh = (int64_t)pr->batch * pr->heads_kv;
+    int64_t nch = (CHUNK_TASKS + bh - 1) / bh;
+    if (nch > MAX_CHUNKS) nch = MAX_CHUNKS;
+    if (nch > maxkb) nch = maxkb;
+    c->nchunk = nch > 1 ? (int)nch : 1;
+    const size_t n1 = n > 0 ? (size_t)n : 1, blk = n1 * pr->heads_q * BM * c->dp;
+    c->qblk = (int *)malloc(sizeof(int) * 2 * n1);
+    c->Qf = scratch_floats(blk);
+    c->dOf = scratch_floats(blk);
+    c->dqacc = scratch_floats(blk * c->nchunk);
+    c->lse = (float *)malloc(sizeof(float) * n1 * pr->heads_q * BM);
+    c->D = (float *)malloc(sizeof(float) * n1 * pr->heads_q * BM);
+    c->rlo = (int *)malloc(sizeof(int) * n1 * BM);
+    c->rhi = (int *)malloc(sizeof(int) * n1 * BM);
+    c->blo = (int *)malloc(sizeof(int) * n1);
+    c->bhi = (int *)malloc(sizeof(int) * n1);
+    c->fmax_lo = (int *)malloc(sizeof(int) * n1);
+    c->fmin_hi = (int *)malloc(sizeof(int) * n1);
+    if (!c->qblk || !c->Qf || !c->dOf || !c->dqacc || !c->lse || !c->D || !c->rlo || !c->rhi || !c->blo || !c->bhi ||
+        !c->fmax_lo || !c->fmin_hi)
+        return 0;
     int64_t k = 0;
-    for (int b = 0; b < pr->batch; b++)
-        for (int i0 = 0; i0 < len(pr, b); i0 += bs) {
-            blk[2 * k] = b;
-            blk[2 * k + 1] = i0;
-            k++;
+    for (int b = 0; b < pr->batch; b++) {
+        const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
+        for (int i0 = 0; i0 < sq; i0 += BM, k++) {
+            c->qblk[2 * k] = b;
+            c->qblk[2 * k + 1] = i0;
+            int *lo = c->rlo + k * BM, *hi = c->rhi + k * BM;
+            int ulo = INT_MAX, uhi = -1, mlo = INT_MIN, mhi = INT_MAX;
+            for (int r = 0; r < BM; r++) {
+                if (i0 + r < sq) {
+                    fa3c_key_range(pr, i0 + r, sq, sk, &lo[r], &hi[r]);
+                } else {
+                    lo[r] = 1;
+                    hi[r] = 0;
+                }
+                if (lo[r] <= hi[r]) {
+                    if (lo[r] < ulo) ulo = lo[r];
+                    if (hi[r] > uhi) uhi = hi[r];
+                }
+                if (lo[r] > mlo) mlo = lo[r];
+                if (hi[r] < mhi) mhi = hi[r];
+            }
+            c->blo[k] = ulo;
+            c->bhi[k] = uhi;
+            c->fmax_lo[k] = mlo;
+            c->fmin_hi[k] = mhi;
         }
-    *n = cnt;
-    return blk;
+    }
+    return 1;
 }
 
 fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
     bwd_ctx c;
+    memset(&c, 0, sizeof c);
     c.p = p;
     c.pr = p->problem;
     c.d = c.pr.headdim;
@@ -234,57 +316,36 @@ fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
     c.dt = c.pr.dtype;
     if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)c.d));
     const fa3c_problem *pr = &c.pr;
-
-    const int64_t total_q = pr->cu_seqlens_q ? pr->cu_seqlens_q[pr->batch] : (int64_t)pr->batch * pr->seqlen_q;
-    c.D = (float *)malloc(sizeof(float) * (size_t)(total_q * pr->heads_q > 0 ? total_q * pr->heads_q : 1));
-    int64_t nqb = 0, nkb = 0;
-    int *qblk = list_blocks(pr, BM, fa3c_seqlen_q_of, &nqb);
-    int *kblk = list_blocks(pr, BN, stored_seqlen_k, &nkb);
-    if (!c.D || !qblk || !kblk) {
-        free(c.D); free(qblk); free(kblk);
+    if (!setup(&c)) {
+        free_ctx(&c);
         return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "cpu backward: out of host memory");
     }
     int oom = 0;
-    const int64_t nd = (int64_t)pr->batch * pr->heads_q, n1 = nkb * pr->heads_kv, n2 = nqb * pr->heads_q;
+    const int64_t nqh = c.nqb * pr->heads_q, ntask = (int64_t)pr->batch * pr->heads_kv * c.nchunk;
 
 #pragma omp parallel
     {
         bwd_ws w;
         const int ok = alloc_ws(&w, c.dp);
-        /* D = rowsum(dO ∘ O), in float from the stored tensors */
 #pragma omp for schedule(dynamic)
-        for (int64_t t = 0; t < nd; t++) {
+        for (int64_t t = 0; t < nqh; t++)
+            if (ok) prep_block(&c, &w, t / pr->heads_q, (int)(t % pr->heads_q));
+#pragma omp for schedule(dynamic)
+        for (int64_t t = 0; t < ntask; t++) {
             if (!ok) continue;
-            const int b = (int)(t / pr->heads_q), h = (int)(t % pr->heads_q);
-            for (int i = 0; i < fa3c_seqlen_q_of(pr, b); i++) {
-                load_row_f(w.Q, p->out.data, c.dt, fa3c_q_offset(pr, &p->out, b, i, h), c.d, c.dp, 1.0f);
-                load_row_f(w.dO, p->dout.data, c.dt, fa3c_q_offset(pr, &p->dout, b, i, h), c.d, c.dp, 1.0f);
-                float s = 0;
-                for (int x = 0; x < c.d; x++) s += w.Q[x] * w.dO[x];
-                c.D[fa3c_lse_index(pr, b, h, i)] = s;
-            }
+            const int64_t bh = t / c.nchunk;
+            kv_task(&c, &w, (int)(bh / pr->heads_kv), (int)(bh % pr->heads_kv), (int)(t % c.nchunk));
         }
 #pragma omp for schedule(dynamic)
-        for (int64_t t = 0; t < n1; t++) {
-            if (!ok) continue;
-            const int64_t bi = t / pr->heads_kv;
-            dkdv_block(&c, &w, kblk[2 * bi], (int)(t % pr->heads_kv), kblk[2 * bi + 1]);
-        }
-#pragma omp for schedule(dynamic)
-        for (int64_t t = 0; t < n2; t++) {
-            if (!ok) continue;
-            const int64_t bi = t / pr->heads_q;
-            dq_block(&c, &w, qblk[2 * bi], (int)(t % pr->heads_q), qblk[2 * bi + 1]);
-        }
+        for (int64_t t = 0; t < nqh; t++)
+            if (ok) dq_store(&c, &w, t / pr->heads_q, (int)(t % pr->heads_q));
         if (!ok) {
 #pragma omp atomic write
             oom = 1;
         }
         free_ws(&w);
     }
-    free(c.D);
-    free(qblk);
-    free(kblk);
+    free_ctx(&c);
     if (oom) return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "cpu backward: out of host memory for tiles");
     return FA3C_STATUS_OK;
 }

@@ -23,7 +23,10 @@ typedef float vfu __attribute__((vector_size(VW * 4), aligned(4))); /* unaligned
 
 static inline vf vload(const float *p) { return *(const vfu *)p; }
 #define vstore(p, x) (*(vfu *)(p) = (x))
-static inline vf vsplat(float x) { vf r = {x, x, x, x, x, x, x, x}; return r; }
+/* A broadcast written in place as a vector literal. As a function, GCC 12
+ * lowered it before target_clones copied the callers, into a chain of lane
+ * inserts instead of one vbroadcastss: the micro-kernel ran 3x slower. */
+#define vsplat(x) ((vf){(x), (x), (x), (x), (x), (x), (x), (x)})
 /* mask ? a : b, lane-wise (C has no ?: on vectors) */
 #define vselect(mask, a, b) ((vf)((((vi)(a)) & (mask)) | (((vi)(b)) & ~(mask))))
 
@@ -80,10 +83,9 @@ gemm(int M, int N, int K, const float *A, int lda, const float *B, int ldb, floa
                        alpha ? alpha + i : NULL);
 }
 
-/* exp(src[0..VW) - sub), relative error ~2e-7 (Cody-Waite reduction and a degree-7
+/* exp(x), relative error ~2e-7 (Cody-Waite reduction and a degree-7
  * polynomial); exactly 0 for x < -87.3 (incl. -inf), x must not be NaN or > 88. */
-static inline __attribute__((always_inline)) vf vexp_sub(const float *src, float sub) {
-    const vf x = vload(src) - vsplat(sub);
+static inline __attribute__((always_inline)) vf vexp(vf x) {
     const vf log2e = vsplat(1.44269504088896341f), ln2_hi = vsplat(0.693359375f),
              ln2_lo = vsplat(-2.12194440e-4f), magic = vsplat(12582912.0f); /* 1.5 * 2^23 */
     vf xc = vselect(x < vsplat(-87.0f), vsplat(-87.0f), x);
@@ -100,6 +102,11 @@ static inline __attribute__((always_inline)) vf vexp_sub(const float *src, float
     vi e = (__builtin_convertvector(n, vi) + 127) << 23;
     vf y = p * (vf)e;
     return vselect(x < vsplat(-87.3f), vsplat(0.0f), y);
+}
+
+/* exp(src[0..VW) - sub). */
+static inline __attribute__((always_inline)) vf vexp_sub(const float *src, float sub) {
+    return vexp(vload(src) - vsplat(sub));
 }
 
 /* 64-byte aligned scratch of n floats (freed with free()). */
