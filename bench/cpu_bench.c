@@ -35,11 +35,7 @@ int main(int argc, char **argv) {
     tu_fill_normal(v, t, n, 1.0f);
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
-    p.problem.dtype = t;
-    p.problem.batch = b;
-    p.problem.seqlen_q = p.problem.seqlen_k = s;
-    p.problem.heads_q = p.problem.heads_kv = h;
-    p.problem.headdim = d;
+    tu_problem_shape(&p.problem, t, b, s, s, h, h, d);
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)d));
     p.problem.causal = causal;
     p.q = tu_tensor(q, b, s, h, d);

@@ -392,8 +392,9 @@ TEST(bwd_varlen_vs_per_sequence) {
     const int lq[NB] = {37, 1, 70, 9}, lk[NB] = {50, 63, 70, 4};
     const fa3c_dtype dts[2] = {FA3C_DTYPE_FP32, FA3C_DTYPE_FP16};
     const fa3c_backend bes[2] = {FA3C_BACKEND_CPU, FA3C_BACKEND_CPU_REFERENCE};
-    int32_t cq[NB + 1] = {0}, ck[NB + 1] = {0};
-    for (int b = 0; b < NB; b++) { cq[b + 1] = cq[b] + lq[b]; ck[b + 1] = ck[b] + lk[b]; }
+    int32_t cq[NB + 1], ck[NB + 1];
+    tu_prefix_sums(lq, NB, cq);
+    tu_prefix_sums(lk, NB, ck);
     const int tq = cq[NB], tk = ck[NB];
     const int64_t nq = (int64_t)tq * HQ * D, nk = (int64_t)tk * HKV * D;
     for (int t = 0; t < 2; t++) {
@@ -409,9 +410,7 @@ TEST(bwd_varlen_vs_per_sequence) {
         tu_fill_normal(dout, dt, nq, 1.0f);
         fa3c_fwd_params f;
         fa3c_fwd_params_init(&f);
-        f.problem.dtype = dt;
-        f.problem.batch = NB; f.problem.seqlen_q = 70; f.problem.seqlen_k = 70;
-        f.problem.heads_q = HQ; f.problem.heads_kv = HKV; f.problem.headdim = D;
+        tu_problem_shape(&f.problem, dt, NB, 70, 70, HQ, HKV, D);
         f.problem.causal = 1;
         f.problem.cu_seqlens_q = cq; f.problem.cu_seqlens_k = ck;
         f.q = tu_tensor(q, 1, tq, HQ, D); f.k = tu_tensor(k, 1, tk, HKV, D); f.v = tu_tensor(v, 1, tk, HKV, D);

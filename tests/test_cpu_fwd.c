@@ -600,8 +600,9 @@ TEST(fwd_varlen_vs_per_sequence) {
     const int lq[NB] = {37, 1, 70, 9}, lk[NB] = {50, 63, 70, 4};
     const fa3c_dtype dts[2] = {FA3C_DTYPE_FP32, FA3C_DTYPE_BF16};
     const fa3c_backend bes[2] = {FA3C_BACKEND_CPU, FA3C_BACKEND_CPU_REFERENCE};
-    int32_t cq[NB + 1] = {0}, ck[NB + 1] = {0};
-    for (int b = 0; b < NB; b++) { cq[b + 1] = cq[b] + lq[b]; ck[b + 1] = ck[b] + lk[b]; }
+    int32_t cq[NB + 1], ck[NB + 1];
+    tu_prefix_sums(lq, NB, cq);
+    tu_prefix_sums(lk, NB, ck);
     const int tq = cq[NB], tk = ck[NB];
     for (int t = 0; t < 2; t++) {
         const fa3c_dtype dt = dts[t];
@@ -614,9 +615,7 @@ TEST(fwd_varlen_vs_per_sequence) {
         tu_fill_normal(v, dt, (int64_t)tk * HKV * D, 1.0f);
         fa3c_fwd_params p;
         fa3c_fwd_params_init(&p);
-        p.problem.dtype = dt;
-        p.problem.batch = NB; p.problem.seqlen_q = 70; p.problem.seqlen_k = 70;
-        p.problem.heads_q = HQ; p.problem.heads_kv = HKV; p.problem.headdim = D;
+        tu_problem_shape(&p.problem, dt, NB, 70, 70, HQ, HKV, D);
         p.problem.causal = 1;
         p.problem.cu_seqlens_q = cq; p.problem.cu_seqlens_k = ck;
         p.q = tu_tensor(q, 1, tq, HQ, D); p.k = tu_tensor(k, 1, tk, HKV, D); p.v = tu_tensor(v, 1, tk, HKV, D);
@@ -705,9 +704,7 @@ TEST(fwd_paged_vs_contiguous) {
                     }
                 fa3c_fwd_params p;
                 fa3c_fwd_params_init(&p);
-                p.problem.dtype = dt;
-                p.problem.batch = NB; p.problem.seqlen_q = SQ; p.problem.seqlen_k = SK;
-                p.problem.heads_q = HQ; p.problem.heads_kv = HKV; p.problem.headdim = D;
+                tu_problem_shape(&p.problem, dt, NB, SQ, SK, HQ, HKV, D);
                 p.problem.causal = mode > 0;
                 p.problem.seqused_k = mode == 2 ? used : NULL;
                 p.q = tu_tensor(q, NB, SQ, HQ, D); p.out = tu_tensor(NULL, NB, SQ, HQ, D);

@@ -197,6 +197,24 @@ static inline fa3c_tensor tu_tensor(void *data, int64_t b, int64_t s, int64_t h,
     return t;
 }
 
+/* The shape fields of a problem (everything else keeps fa3c_*_params_init's defaults). */
+static inline void tu_problem_shape(fa3c_problem *pr, fa3c_dtype dt, int batch, int seqlen_q, int seqlen_k,
+                                    int heads_q, int heads_kv, int headdim) {
+    pr->dtype = dt;
+    pr->batch = batch;
+    pr->seqlen_q = seqlen_q;
+    pr->seqlen_k = seqlen_k;
+    pr->heads_q = heads_q;
+    pr->heads_kv = heads_kv;
+    pr->headdim = headdim;
+}
+
+/* cu[0] = 0, cu[b + 1] = cu[b] + len[b]: varlen offsets from per-sequence lengths. */
+static inline void tu_prefix_sums(const int *len, int n, int32_t *cu) {
+    cu[0] = 0;
+    for (int b = 0; b < n; b++) cu[b + 1] = cu[b] + len[b];
+}
+
 /* A whole tensor (b, s, h, d, any strides) gathered into a contiguous float array. */
 static inline void tu_gather(float *dst, const fa3c_tensor *t, fa3c_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d) {
     int64_t k = 0;
