@@ -34,6 +34,7 @@ struct FwdSmem {
     uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
+    float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
 };
 
 // Ring slot and barrier parity of the it-th key block.
@@ -91,14 +92,14 @@ template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consumer) {
     typedef TileLayout<D> L;
     enum { STEPS_PER_CHUNK = L::CHUNK / 16 };
-    uint32_t q_addr = smem_addr(q) + consumer * 64 * L::ROW_BYTES, k_addr = smem_addr(k);
+    const uint64_t q_desc = smem_desc_swizzled(smem_addr(q) + consumer * 64 * L::ROW_BYTES, 16, L::ATOM_BYTES, L::ROW_BYTES);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k), 16, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         uint32_t in_row = (kk % STEPS_PER_CHUNK) * 32, chunk = kk / STEPS_PER_CHUNK;
         uint32_t q_off = chunk * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES + in_row;
         uint32_t k_off = chunk * BLOCK_N * L::ROW_BYTES + in_row;
-        wgmma_ss<BLOCK_N, FP16>(s, smem_desc_swizzled(q_addr + q_off, 16, L::ATOM_BYTES, L::ROW_BYTES),
-                                smem_desc_swizzled(k_addr + k_off, 16, L::ATOM_BYTES, L::ROW_BYTES), kk > 0);
+        wgmma_ss<BLOCK_N, FP16>(s, smem_desc_advance(q_desc, q_off), smem_desc_advance(k_desc, k_off), kk > 0);
     }
 }
 
@@ -107,18 +108,35 @@ FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consu
 template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
     typedef TileLayout<D> L;
-    uint32_t v_addr = smem_addr(v);
+    const uint64_t v_desc = smem_desc_swizzled(smem_addr(v), BLOCK_N * L::ROW_BYTES, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; kk++)
-        wgmma_rs<D, FP16>(o, p_frag[kk],
-                          smem_desc_swizzled(v_addr + kk * 16 * L::ROW_BYTES, BLOCK_N * L::ROW_BYTES,
-                                             L::ATOM_BYTES, L::ROW_BYTES), 1);
+        wgmma_rs<D, FP16>(o, p_frag[kk], smem_desc_advance(v_desc, kk * 16 * L::ROW_BYTES), 1);
 }
 
 template <int N>
 FA3C_DEVICE void fence_regs(float *x) {
 #pragma unroll
     for (int i = 0; i < N; i++) reg_fence(x[i]);
+}
+
+// O *= rescale of its row (the online-softmax correction of the last step).
+template <int D>
+FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
+}
+
+// ptxas hoists a wgmma wait as early as it may. Left alone, it put all of
+// softmax(j) after the wait for P·V(j-1), so the two ran one after the other
+// and the intra-warpgroup overlap was lost (seen in the SASS). A shared store
+// of a value that depends on every exp of this thread, before the wait, pins
+// the softmax in front of it: ptxas keeps memory operations in order around
+// the wait. One thread stores, but the dependency holds for the whole
+// instruction stream. Off by default: it measured slower as often as faster
+// (fwd_tiles.h, FA3C_FWD_PIN_SOFTMAX).
+FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
+    if (FA3C_FWD_PIN_SOFTMAX && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
 }
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
@@ -140,14 +158,14 @@ FA3C_DEVICE void pass_turn(int consumer) {
 }
 
 // Scores in place: softcap and the mask, where they apply.
-template <int BLOCK_M, int BLOCK_N>
+template <int BLOCK_N>
 FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const FwdTile &t, int row0, int n,
                                 int quad) {
     if (p.softcap > 0.f) {
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; i++) s[i] = p.softcap * tanh_approx(s[i] * p.softcap_pre);
     }
-    if (block_needs_mask(p, t.m0, BLOCK_M, BLOCK_N, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
+    if (block_needs_mask(t, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
 }
 
 // ---- epilogue ------------------------------------------------------------------
@@ -255,7 +273,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     release(&sm.k_empty[cur]);
-    prepare_scores<FA3C_FWD_BLOCK_M(D), BLOCK_N>(s, p, t, row0, n, quad);
+    prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
 
@@ -270,6 +288,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
+        rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
+        wgmma_fence();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
@@ -277,14 +297,13 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         release(&sm.k_empty[cur]);
-        prepare_scores<FA3C_FWD_BLOCK_M(D), BLOCK_N>(s, p, t, row0, n, quad);
+        prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
         softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+        pin_softmax(&sm.softmax_anchor[consumer_index], st, tid);
 
-        wgmma_wait<0>();                 // P·V(j-1) done: O may be rescaled
+        wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
         fence_regs<D / 2>(o);
         release(&sm.v_empty[prev]);
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
     release(&sm.q_empty);                // every Q·Kᵀ of this tile has completed
@@ -294,6 +313,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    rescale_output<D>(o, rescale);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();

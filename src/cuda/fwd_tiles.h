@@ -55,6 +55,14 @@
 #ifndef FA3C_FWD_PINGPONG
 #define FA3C_FWD_PINGPONG 1
 #endif
+/* 1: pin softmax(j) in front of the wait for P·V(j-1), so ptxas cannot sink
+ * it behind that wait (fwd_sm90.cuh, pin_softmax); 0: leave the order to
+ * ptxas. Measured A/B on the H200 (bench/RESULTS.md, run 11): pinned is 1-2%
+ * faster at 8k non-causal (hdim 128/256), 2-5% slower at 2k and for hdim 64,
+ * so it is off by default. */
+#ifndef FA3C_FWD_PIN_SOFTMAX
+#define FA3C_FWD_PIN_SOFTMAX 0
+#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif

@@ -32,15 +32,18 @@ FA3C_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int bl
     if (n_end < n_begin) n_end = n_begin;
 }
 
-// 1 when some element of key block n is masked for some row of the CTA
-// (uniform over the CTA, so the mask loop is skipped without divergence).
-FA3C_DEVICE int block_needs_mask(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n, int n) {
+// Key blocks [u_begin, u_end) in which no element is masked for any row of
+// the CTA: the steady state, where the mask is skipped. lo and hi grow with
+// the row, so the tightest bounds are the last row's lo and the first row's
+// hi. Computed once per tile, so the per-block test is two compares.
+FA3C_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
+                                      int &u_begin, int &u_end) {
     int lo_first, hi_first, lo_last, hi_last;
     key_range(p, m0, lo_first, hi_first);
     key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
-    // lo and hi grow with the row: the tightest bounds are the last row's lo
-    // and the first row's hi.
-    return n * block_n < lo_last || (n + 1) * block_n - 1 > hi_first;
+    u_begin = (lo_last + block_n - 1) / block_n;          // first block starting at or after lo_last
+    u_end = hi_first < 0 ? 0 : (hi_first + 1) / block_n;  // blocks ending at or before hi_first
+    if (u_end < u_begin) u_end = u_begin;
 }
 
 // Set masked scores of one accumulator tile (m64 x BLOCK_N, this thread's

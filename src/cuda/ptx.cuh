@@ -116,6 +116,11 @@ FA3C_DEVICE void wgmma_wait(void) {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// A plain 32-bit shared store, as a volatile asm so it stays where it is.
+FA3C_DEVICE void st_shared_f32(float *dst, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
+}
+
 // Keep the compiler from moving accumulator accesses across fences/waits.
 FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
@@ -131,6 +136,14 @@ FA3C_DEVICE uint64_t smem_desc_swizzled(uint32_t addr, uint32_t lbo, uint32_t sb
     d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
     d |= (uint64_t)(row_bytes == 128 ? 1 : 2) << 62;   // swizzle mode: 1 = 128B, 2 = 64B
     return d;
+}
+
+// The descriptor of the same tile `bytes` further on: the start address is
+// the low 14 bits (in 16-byte units) and shared memory ends below 2^18 bytes,
+// so the add never carries out of the field. One add per wgmma instead of
+// rebuilding the descriptor.
+FA3C_DEVICE uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)desc + (bytes >> 4));
 }
 
 // The 128-byte case, as the step tests use it.

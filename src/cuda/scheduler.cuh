@@ -14,6 +14,7 @@
 struct FwdTile {
     int batch, head, head_kv, m0;
     int n_begin, n_end;   // key blocks to visit, visited from n_end - 1 down
+    int u_begin, u_end;   // key blocks with nothing masked (mask skipped)
 };
 
 FA3C_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_m_blocks * p.batch * p.heads_q; }
@@ -26,10 +27,15 @@ FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block
     t.head_kv = t.head / (p.heads_q / p.heads_kv);
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m;
     key_block_range(p, t.m0, block_m, block_n, t.n_begin, t.n_end);
+    unmasked_block_range(p, t.m0, block_m, block_n, t.u_begin, t.u_end);
     return t;
 }
 
 FA3C_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; }
+
+// 1 when some element of key block n is masked for some row of the tile
+// (uniform over the CTA, so the mask is skipped without divergence).
+FA3C_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
 
 // The CTA's tile in round r (persistent launch: gridDim.x = number of SMs;
 // otherwise gridDim.x = number of tiles and there is one round).

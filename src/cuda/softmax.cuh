@@ -27,29 +27,63 @@ FA3C_DEVICE float quad_sum(float x) {
     return x + __shfl_xor_sync(~0u, x, 2);
 }
 
+// Max / sum of v[0..N) as a tree: log2(N) dependent steps instead of N. A
+// chain of 32 dependent FMNMX per row was the longest stretch of the
+// softmax in ncu's stall sampling (bench/RESULTS.md, run 10).
+// (Recursive templates: a loop over n = (n + 1) / 2 is not unrolled by nvcc,
+// and the run-time index would put v in local memory.)
+template <int N>
+FA3C_DEVICE float tree_max(float *v) {
+#pragma unroll
+    for (int j = 0; j < N / 2; j++) v[j] = fmaxf(v[j], v[j + (N + 1) / 2]);
+    return tree_max<(N + 1) / 2>(v);
+}
+template <>
+__device__ __forceinline__ float tree_max<1>(float *v) { return v[0]; }
+
+template <int N>
+FA3C_DEVICE float tree_sum(float *v) {
+#pragma unroll
+    for (int j = 0; j < N / 2; j++) v[j] += v[j + (N + 1) / 2];
+    return tree_sum<(N + 1) / 2>(v);
+}
+template <>
+__device__ __forceinline__ float tree_sum<1>(float *v) { return v[0]; }
+
+// Register i of the fragment is row (i / 2) % 2; the ROW_VALUES = BLOCK_N / 4
+// registers of row r are i = 4k + 2r + e.
+template <int BLOCK_N>
+FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
+#pragma unroll
+    for (int k = 0; k < BLOCK_N / 8; k++) {
+        v[2 * k] = s[4 * k + 2 * r];
+        v[2 * k + 1] = s[4 * k + 2 * r + 1];
+    }
+}
+
 // Scores -> probabilities in place. Updates the running max, returns in
 // `rescale` the factor by which the old output and sum must be multiplied.
 // A row that has seen only masked scores keeps max = -inf; its offset is
 // taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
 template <int BLOCK_N>
 FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
-    float new_max[2] = {st.max[0], st.max[1]};
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) new_max[(i / 2) % 2] = fmaxf(new_max[(i / 2) % 2], s[i]);
     float offset[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        new_max[r] = quad_max(new_max[r]);
-        offset[r] = new_max[r] == -INFINITY ? 0.f : new_max[r] * score_log2;
+        float v[BLOCK_N / 4];
+        gather_row<BLOCK_N>(s, r, v);
+        float new_max = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
+        offset[r] = new_max == -INFINITY ? 0.f : new_max * score_log2;
         rescale[r] = ex2f(st.max[r] * score_log2 - offset[r]);   // old max -inf -> 0
-        st.max[r] = new_max[r];
-        st.sum[r] *= rescale[r];
+        st.max[r] = new_max;
     }
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) {
-        int r = (i / 2) % 2;
-        s[i] = ex2f(fmaf(s[i], score_log2, -offset[r]));
-        st.sum[r] += s[i];
+    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = ex2f(fmaf(s[i], score_log2, -offset[(i / 2) % 2]));
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float v[BLOCK_N / 4];
+        gather_row<BLOCK_N>(s, r, v);
+        st.sum[r] = st.sum[r] * rescale[r] + tree_sum<BLOCK_N / 4>(v);
     }
 }
 
