@@ -59,6 +59,27 @@ static const fwd_instance fwd_instances[] = {
 #endif
     {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
 
+/* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
+ * as keep their K and V within a quarter of the L2 (two sections may be in
+ * flight at once, and Q and O stream through the L2 too). At least one pair;
+ * -DFA3C_FWD_L2_SECTIONS=0 makes one section of all pairs (the old order). */
+#ifndef FA3C_FWD_L2_SECTIONS
+#define FA3C_FWD_L2_SECTIONS 1
+#endif
+static int l2_section_heads(const fa3c_problem *pr) {
+    long long pairs = (long long)pr->batch * pr->heads_q;
+    int dev = 0, l2 = 0;
+    if (!FA3C_FWD_L2_SECTIONS || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) {
+        cudaGetLastError();
+        return (int)pairs;
+    }
+    /* K and V bytes per query head: GQA heads that share a KV head share them. */
+    double kv_bytes = 2.0 * pr->seqlen_k * pr->headdim * 2 / (pr->heads_q / pr->heads_kv);
+    double fit = (l2 / 4.0) / kv_bytes;
+    return fit < 1.0 ? 1 : fit >= (double)pairs ? (int)pairs : (int)fit;
+}
+
 /* Long non-causal attention without a window: the wide-tile instance, when
  * built, is faster there (bench/RESULTS.md, runs 2-3). */
 enum { WIDE_TILE_MIN_SEQLEN_K = 2048 };
@@ -192,6 +213,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if ((int64_t)k.num_m_blocks * pr->batch * pr->heads_q > INT32_MAX)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
                           FA3C_FWD_BLOCK_M(pr->headdim));
+    k.section_heads = l2_section_heads(pr);
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {
         /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */

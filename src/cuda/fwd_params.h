@@ -19,6 +19,7 @@ typedef struct fa3c_fwd_kernel_params {
     float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
     int num_m_blocks;
+    int section_heads;                 /* (batch, head) pairs per L2 section of the tile order (scheduler.cuh) */
     /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
      * p = exp2(s * score_log2 - max), lse = max_s * lse_scale + ln(sum). */
     float score_log2;

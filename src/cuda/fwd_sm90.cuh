@@ -64,7 +64,8 @@ FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, 
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     int ring = 0, q_uses = 0;
-    for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
+    for (int step = 0, tile; (tile = tile_of_step(p, step)) != NO_MORE_TILES; step++) {
+        if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
         mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
@@ -343,7 +344,8 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
-    for (int round = 0, tile; (tile = tile_of_round(round)) < num_tiles(p); round++) {
+    for (int step = 0, tile; (tile = tile_of_step(p, step)) != NO_MORE_TILES; step++) {
+        if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t))
             write_empty_tile<D, FP16>(p, t, consumer_index);

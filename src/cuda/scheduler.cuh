@@ -1,11 +1,22 @@
-// Which tile a CTA works on. A tile is BLOCK_M query rows of one
-// (batch, head). Tiles are numbered longest first: all (batch, head) pairs of
-// the last row block, then of the one before, ... (under causal masking the
-// last rows see the most keys). A persistent launch deals them out in rounds
-// of gridDim.x, in snake order: CTA c takes the c-th tile of even rounds and
-// the c-th from the end of odd rounds, so one CTA's long and short tiles
-// even out without atomics. (Plain round-robin gave CTA 0 the longest tile
-// of every round: hdim 256 causal ran 20% slower, bench/RESULTS.md.)
+// Which tiles a CTA works on, and in what order. A tile is BLOCK_M query
+// rows of one (batch, head).
+//
+// Tile numbering (tile_at): the (batch, head) pairs are cut into L2
+// sections of p.section_heads pairs, whose K and V fit in a part of the L2
+// together (chosen on the host, backend.c). Tiles are numbered section by
+// section; inside a section longest first: the last row block of every pair,
+// then the one before, ... (under causal masking the last rows see the most
+// keys). The CTAs running at one time then share the K/V of a few heads
+// through the L2 instead of each streaming its own head from DRAM
+// (bench/RESULTS.md, run 12: at 2k the kernel was DRAM-bound before).
+//
+// Persistent order (tile_of_step): inside each section, the k-th longest
+// tile is paired with the k-th shortest, and the pairs are dealt out
+// round-robin, one pair (two consecutive steps) per CTA. Under a causal mask
+// every pair holds about the same work, so every CTA gets about the same
+// work, without atomics. (Plain round-robin over single tiles gave CTA 0 the
+// longest tile of every round, and rounds that straddle sections unbalance a
+// snake order: hdim 256 causal 8k lost 20% and 17%, runs 2 and 12.)
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
@@ -21,7 +32,10 @@ FA3C_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_m_bloc
 
 FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
-    int bh = tile % (p.batch * p.heads_q), m_rev = tile / (p.batch * p.heads_q);
+    int pairs = p.batch * p.heads_q, per_section = p.section_heads * p.num_m_blocks;
+    int first = tile / per_section * p.section_heads, in_section = tile % per_section;
+    int width = min(p.section_heads, pairs - first);   // the last section may be narrower
+    int bh = first + in_section % width, m_rev = in_section / width;
     t.batch = bh / p.heads_q;
     t.head = bh % p.heads_q;
     t.head_kv = t.head / (p.heads_q / p.heads_kv);
@@ -37,9 +51,22 @@ FA3C_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; 
 // (uniform over the CTA, so the mask is skipped without divergence).
 FA3C_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
 
-// The CTA's tile in round r (persistent launch: gridDim.x = number of SMs;
-// otherwise gridDim.x = number of tiles and there is one round).
-FA3C_DEVICE int tile_of_round(int round) {
-    int c = (round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    return round * gridDim.x + c;
+// The tile of this CTA's step-th step: a tile number, SKIP_STEP for the
+// missing partner of an odd section's middle tile, or NO_MORE_TILES.
+// Producer and consumers walk the same steps.
+enum { NO_MORE_TILES = -1, SKIP_STEP = -2 };
+FA3C_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step) {
+    // One CTA per tile (not persistent, or no more tiles than CTAs).
+    if (!FA3C_FWD_PERSISTENT || num_tiles(p) <= (int)gridDim.x)
+        return step == 0 && (int)blockIdx.x < num_tiles(p) ? (int)blockIdx.x : NO_MORE_TILES;
+    int per_section = p.section_heads * p.num_m_blocks, pairs_per_section = (per_section + 1) / 2;
+    int full_sections = num_tiles(p) / per_section, last_tiles = num_tiles(p) % per_section;
+    int pairs = full_sections * pairs_per_section + (last_tiles + 1) / 2;
+    int slot = (step >> 1) * (int)gridDim.x + (int)blockIdx.x;
+    if (slot >= pairs) return NO_MORE_TILES;
+    int section = slot / pairs_per_section, k = slot % pairs_per_section;
+    int n = section < full_sections ? per_section : last_tiles;
+    int index = (step & 1) ? n - 1 - k : k;
+    if ((step & 1) && index == k) return SKIP_STEP;
+    return section * per_section + index;
 }

@@ -295,6 +295,17 @@ TEST(fwd_packed_qkv) {
     run_case("packed qkv", c);
 }
 
+TEST(fwd_l2_sections) {
+    REQUIRE_SM90();
+    // K and V of one head take 4 * 12000 * 128 B = 6 MB, so with a 50-60 MB L2
+    // the tile order has sections of 2 (batch, head) pairs (backend.c): 3 pairs
+    // give a full section and a narrower last one.
+    fwd_case c = base_case(BF16, 1, 300, 12000, 3, 128);
+    run_case("l2 sections", c);
+    c.causal = 1;
+    run_case("l2 sections causal", c);
+}
+
 TEST(fwd_long_noncausal_wide_tile) {
     REQUIRE_SM90();
     // seqlen_k >= 2048, non-causal, no window: the BLOCK_N 176 hdim-128 instance
