@@ -10,11 +10,13 @@
 // through the L2 instead of each streaming its own head from DRAM
 // (bench/RESULTS.md, run 12: at 2k the kernel was DRAM-bound before).
 //
-// Persistent order (tile_of_step): inside each section, the k-th longest
-// tile is paired with the k-th shortest, and the pairs are dealt out
-// round-robin, one pair (two consecutive steps) per CTA. Under a causal mask
-// every pair holds about the same work, so every CTA gets about the same
-// work, without atomics. (Plain round-robin over single tiles gave CTA 0 the
+// Persistent order (tile_of_step): without a causal mask or window every
+// tile is the same work, and tiles are dealt out round-robin in that order
+// (consecutive GQA heads, which share K/V, run at the same time). With one,
+// inside each section the k-th longest tile is paired with the k-th
+// shortest, and the pairs are dealt out round-robin, one pair (two
+// consecutive steps) per CTA: every pair holds about the same work, so every
+// CTA gets about the same work, without atomics. (Plain round-robin over single tiles gave CTA 0 the
 // longest tile of every round, and rounds that straddle sections unbalance a
 // snake order: hdim 256 causal 8k lost 20% and 17%, runs 2 and 12.)
 #pragma once
@@ -59,6 +61,11 @@ FA3C_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step) {
     // One CTA per tile (not persistent, or no more tiles than CTAs).
     if (!FA3C_FWD_PERSISTENT || num_tiles(p) <= (int)gridDim.x)
         return step == 0 && (int)blockIdx.x < num_tiles(p) ? (int)blockIdx.x : NO_MORE_TILES;
+    bool uneven = p.window_left >= 0 || p.window_right >= 0;   // causal is window_right = 0
+    if (!uneven) {
+        int tile = step * (int)gridDim.x + (int)blockIdx.x;
+        return tile < num_tiles(p) ? tile : NO_MORE_TILES;
+    }
     int per_section = p.section_heads * p.num_m_blocks, pairs_per_section = (per_section + 1) / 2;
     int full_sections = num_tiles(p) / per_section, last_tiles = num_tiles(p) % per_section;
     int pairs = full_sections * pairs_per_section + (last_tiles + 1) / 2;

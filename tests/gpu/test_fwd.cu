@@ -306,6 +306,18 @@ TEST(fwd_l2_sections) {
     run_case("l2 sections causal", c);
 }
 
+TEST(fwd_persistent_many_tiles) {
+    REQUIRE_SM90();
+    // 80 (batch, head) pairs x 4 row blocks of 192 = 320 tiles: more than two
+    // per CTA on a 132-SM GPU, so the persistent loop runs several steps:
+    // round-robin without a mask, longest/shortest pairs with one.
+    fwd_case c = base_case(BF16, 2, 640, 640, 40, 64);
+    c.heads_kv = 8;
+    run_case("many tiles", c);
+    c.causal = 1;
+    run_case("many tiles causal", c);
+}
+
 TEST(fwd_long_noncausal_wide_tile) {
     REQUIRE_SM90();
     // seqlen_k >= 2048, non-causal, no window: the BLOCK_N 176 hdim-128 instance
