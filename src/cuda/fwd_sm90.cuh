@@ -8,7 +8,8 @@
 //                O += P·V (wgmma, P from registers).
 // Two overlaps hide the softmax behind tensor-core work:
 //   intra-warpgroup: S(j) = Q·K(j)ᵀ and O += P(j-1)·V(j-1) are issued
-//     together; softmax(j) runs while P·V(j-1) is still in flight;
+//     together; softmax(j) may run while P·V(j-1) is still in flight
+//     (where ptxas puts it: see pin_softmax);
 //   pingpong: named barriers make the two consumer warpgroups take turns
 //     issuing GEMMs, so one's softmax runs under the other's GEMMs.
 // Key blocks run from the last to the first, so the masked diagonal/edge
