@@ -16,9 +16,10 @@
 // inside each section the k-th longest tile is paired with the k-th
 // shortest, and the pairs are dealt out round-robin, one pair (two
 // consecutive steps) per CTA: every pair holds about the same work, so every
-// CTA gets about the same work, without atomics. (Plain round-robin over single tiles gave CTA 0 the
-// longest tile of every round, and rounds that straddle sections unbalance a
-// snake order: hdim 256 causal 8k lost 20% and 17%, runs 2 and 12.)
+// CTA gets about the same work, without atomics. (Plain round-robin over
+// single tiles gave CTA 0 the longest tile of every round, and rounds that
+// straddle sections unbalance a snake order: hdim 256 causal 8k lost 20% and
+// 17%, runs 2 and 12.)
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
