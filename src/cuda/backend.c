@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "fwd_combine.h"
 #include "fwd_params.h"
 #include "fwd_tiles.h"
 #include "instances.h"
@@ -66,18 +67,56 @@ static const fwd_instance fwd_instances[] = {
 #ifndef FA3C_FWD_L2_SECTIONS
 #define FA3C_FWD_L2_SECTIONS 1
 #endif
-static int l2_section_heads(const fa3c_problem *pr) {
-    long long pairs = (long long)pr->batch * pr->heads_q;
+static int l2_section_heads(const fa3c_problem *pr, int pack) {
+    long long pairs = (long long)pr->batch * (pr->heads_q / pack);
     int dev = 0, l2 = 0;
     if (!FA3C_FWD_L2_SECTIONS || cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) {
         cudaGetLastError();
         return (int)pairs;
     }
-    /* K and V bytes per query head: GQA heads that share a KV head share them. */
-    double kv_bytes = 2.0 * pr->seqlen_k * pr->headdim * 2 / (pr->heads_q / pr->heads_kv);
+    /* K and V bytes per (batch, head or group): GQA heads that share a KV head share them. */
+    double kv_bytes = 2.0 * pr->seqlen_k * pr->headdim * 2 * pack / (pr->heads_q / pr->heads_kv);
     double fit = (l2 / 4.0) / kv_bytes;
     return fit < 1.0 ? 1 : fit >= (double)pairs ? (int)pairs : (int)fit;
+}
+
+/* GQA packing (fwd_params.h): the query heads that share a KV head go into
+ * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
+ * short (decode): each K/V block is then loaded once for all of them, and
+ * the tile's rows are used. The group must divide the tile's rows (the Q
+ * box is {pack, BLOCK_M / pack} rows). */
+static int gqa_pack(const fa3c_problem *pr) {
+    int group = pr->heads_q / pr->heads_kv, block_m = FA3C_FWD_BLOCK_M(pr->headdim);
+    if (group == 1 || block_m % group != 0) return 1;
+    long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
+    long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
+    return packed < unpacked ? group : 1;
+}
+
+/* Split-KV: how many key ranges. num_splits = 1: one; n > 1: n (at most one
+ * per key block, and at most MAX_SPLITS); 0 (auto): split only when the
+ * tiles leave SMs idle (decode, short prefill of few heads), into as many
+ * ranges as fill the SMs once, each at least MIN_BLOCKS_PER_SPLIT key blocks
+ * long so that the extra pass pays. */
+enum { MAX_SPLITS = 128, MIN_BLOCKS_PER_SPLIT = 4 };
+
+static int num_key_splits(const fa3c_fwd_params *p, long long tiles, int key_blocks) {
+    int splits = p->num_splits;
+    if (splits == 0) {
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+            cudaGetLastError();
+            return 1;
+        }
+        if (tiles * 5 >= (long long)sms * 4) return 1;   /* 80% of the SMs busy already */
+        long long fill = sms / tiles, most = key_blocks / MIN_BLOCKS_PER_SPLIT;
+        splits = (int)(fill < most ? fill : most);
+    }
+    if (splits > key_blocks) splits = key_blocks;
+    if (splits > MAX_SPLITS) splits = MAX_SPLITS;
+    return splits < 1 ? 1 : splits;
 }
 
 /* Long non-causal attention without a window: the wide-tile instance, when
@@ -168,8 +207,6 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches are not supported yet");
     if (pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: a paged KV cache is not supported yet");
-    if (p->num_splits > 1)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: split-KV (num_splits > 1) is not supported yet");
     fa3c_status s;
     if ((s = check_tma_input("q", &p->q, pr, pr->seqlen_q, pr->heads_q)) ||
         (s = check_tma_input("k", &p->k, pr, pr->seqlen_k, pr->heads_kv)) ||
@@ -187,11 +224,15 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
     const fwd_instance *inst = find_fwd(pr);
-    int block_n = inst->block_n, cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
+    int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(pr->headdim), cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
-    if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, pr->headdim, cols,
-                                  FA3C_FWD_BLOCK_M(pr->headdim))) ||
+    k.pack = gqa_pack(pr);
+    if (k.pack > 1 && fa3c_tensor_map_q_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
+                                               pr->headdim, cols, block_m) != FA3C_STATUS_OK)
+        k.pack = 1;   /* strides the 5-D map can't take: no packing */
+    if ((k.pack == 1 && (s = fa3c_tensor_map_q_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
+                                                      pr->headdim, cols, block_m))) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
                                   cols, block_n)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
@@ -209,11 +250,18 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.seqlen_k = pr->seqlen_k;
     k.heads_q = pr->heads_q;
     k.heads_kv = pr->heads_kv;
-    k.num_m_blocks = (pr->seqlen_q + FA3C_FWD_BLOCK_M(pr->headdim) - 1) / FA3C_FWD_BLOCK_M(pr->headdim);
-    if ((int64_t)k.num_m_blocks * pr->batch * pr->heads_q > INT32_MAX)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
-                          FA3C_FWD_BLOCK_M(pr->headdim));
-    k.section_heads = l2_section_heads(pr);
+    k.groups = pr->heads_q / k.pack;
+    k.rows = pr->seqlen_q * k.pack;
+    k.num_m_blocks = (k.rows + block_m - 1) / block_m;
+    long long tiles = (long long)k.num_m_blocks * pr->batch * k.groups;
+    int key_blocks = (pr->seqlen_k + block_n - 1) / block_n;
+    k.num_splits = num_key_splits(p, tiles, key_blocks);
+    k.blocks_per_split = (key_blocks + k.num_splits - 1) / k.num_splits;
+    k.num_splits = (key_blocks + k.blocks_per_split - 1) / k.blocks_per_split;   /* no split without keys */
+    if (tiles * k.num_splits > INT32_MAX)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows", block_m);
+    k.num_tiles = (int)(tiles * k.num_splits);
+    k.section_heads = l2_section_heads(pr, k.pack);
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {
         /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */
@@ -227,7 +275,25 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     }
     k.window_left = pr->window_left;
     k.window_right = pr->causal ? 0 : pr->window_right;
-    return inst->launch(&k, stream);
+    if (k.num_splits == 1) return inst->launch(&k, stream);
+
+    /* Split-KV: the partial results live in stream-ordered memory from the
+     * device's default pool, freed once the combine is queued. */
+    size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits;
+    void *ws = NULL;
+    cudaError_t e = cudaMallocAsync(&ws, rows * (pr->headdim + 1) * sizeof(float), (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
+                          "split-KV: cudaMallocAsync of %zu B for the partial results of %d splits failed: %s",
+                          rows * (pr->headdim + 1) * sizeof(float), k.num_splits, cudaGetErrorString(e));
+    }
+    k.o_partial = (float *)ws;
+    k.lse_partial = k.o_partial + rows * pr->headdim;
+    s = inst->launch(&k, stream);
+    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, pr->headdim, pr->dtype == FA3C_DTYPE_FP16, stream);
+    cudaFreeAsync(ws, (cudaStream_t)stream);
+    return s;
 }
 
 fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {

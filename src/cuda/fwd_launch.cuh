@@ -13,8 +13,7 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
     // Persistent: one CTA per SM walks the tiles; else one CTA per tile.
-    long long tiles = (long long)p->num_m_blocks * p->batch * p->heads_q;
-    int grid = (int)tiles;
+    int grid = p->num_tiles;
     if (FA3C_FWD_PERSISTENT) {
         int dev = 0, sms = 0;
         cudaGetDevice(&dev);

@@ -18,8 +18,20 @@ typedef struct fa3c_fwd_kernel_params {
     int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides) */
     float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
-    int num_m_blocks;
-    int section_heads;                 /* (batch, head) pairs per L2 section of the tile order (scheduler.cuh) */
+    /* GQA packing: the `pack` query heads of a group share one tile, as rows
+     * (query i, head h of the group) -> row i * pack + h; 1 = off. A tile
+     * covers BLOCK_M of the `rows` = seqlen_q * pack rows of one (batch, group),
+     * groups = heads_q / pack. */
+    int pack, groups, rows;
+    int num_m_blocks;                  /* tiles per (batch, group) and split */
+    int num_splits;                    /* split-KV: key blocks cut into num_splits ranges */
+    int blocks_per_split;              /* key blocks per range */
+    int num_tiles;                     /* num_m_blocks * batch * groups * num_splits */
+    /* num_splits > 1: each split writes O / its row sum (fp32) and its LSE
+     * here, (split, batch, heads_q, seqlen_q[, headdim]), and fwd_combine.cu
+     * merges them into out and lse. */
+    float *o_partial, *lse_partial;
+    int section_heads;                 /* (batch, group) pairs per L2 section of the tile order (scheduler.cuh) */
     /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
      * p = exp2(s * score_log2 - max), lse = max_s * lse_scale + ln(sum). */
     float score_log2;

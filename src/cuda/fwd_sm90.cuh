@@ -59,6 +59,19 @@ FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, 
         tma_load_4d(dst + c * ROWS * L::ROW_BYTES, map, bar, c * L::CHUNK, row0, head, batch);
 }
 
+// Q of a tile: a 5-D box per chunk, {CHUNK columns, pack heads, BLOCK_M /
+// pack queries} at (query m0 / pack, group, batch), so that box row
+// i * pack + h is query i, head h of the group (GQA packing, fwd_params.h;
+// pack = 1 is a plain block of BLOCK_M queries of one head).
+template <int D>
+FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint64_t *bar, const FwdTile &t) {
+    typedef TileLayout<D> L;
+#pragma unroll
+    for (int c = 0; c < D / L::CHUNK; c++)
+        tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, t.m0 / p.pack,
+                    t.group, t.batch);
+}
+
 // One thread streams, for every tile of this CTA, Q once (when the previous
 // tile's consumers are done with it) and K, V per key block through the ring.
 // `ring` counts key blocks over all tiles: it fixes slot and parity.
@@ -71,7 +84,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile_is_empty(t)) continue;
         mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
         mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
-        load_tile<D, FA3C_FWD_BLOCK_M(D)>(sm.q, &p.q_map, &sm.q_full, t.m0, t.head, t.batch);
+        load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             int s = stage_of(ring, STAGES);
             uint32_t ph = phase_of(ring, STAGES);
@@ -195,7 +208,42 @@ FA3C_DEVICE uint32_t pack2(float lo, float hi) {
     return FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
 }
 
-// O / sum -> out (input dtype), and the LSE. Rows past seqlen_q are dropped.
+// Where the epilogue writes row `row` of a tile: the query and head it
+// stands for (GQA packing), or nothing (past the end).
+struct OutRow {
+    bool valid;
+    int query, head;
+};
+FA3C_DEVICE OutRow out_row(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row) {
+    OutRow r;
+    r.valid = row < p.rows;
+    r.query = query_of_row(p, row);
+    r.head = t.head + (p.pack == 1 ? 0 : row - r.query * p.pack);
+    return r;
+}
+
+// Split-KV: this split's O / its row sum in fp32, and its LSE, for
+// fwd_combine.cu to merge. Register o[4c + 2r + e] is column 8c + 2*quad + e:
+// a quad writes 32 contiguous bytes per 8 columns.
+template <int D>
+FA3C_DEVICE void store_partial(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
+                               const float inv[2], const float lse[2], const OutRow rows[2], int quad) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!rows[r].valid) continue;
+        int64_t row_index = (((int64_t)t.split * p.batch + t.batch) * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query;
+        float *dst = p.o_partial + row_index * D;
+#pragma unroll
+        for (int c = 0; c < D / 8; c++) {
+            int i = 4 * c + 2 * r;
+            *(float2 *)(dst + 8 * c + 2 * quad) = make_float2(o[i] * inv[r], o[i + 1] * inv[r]);
+        }
+        if (quad == 0) p.lse_partial[row_index] = lse[r];
+    }
+}
+
+// O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
+// results (store_partial). Rows past the end are dropped.
 // Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
@@ -210,7 +258,16 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         inv[r] = sum > 0.f ? 1.f / sum : 0.f;   // fully masked row: output 0
         lse[r] = sum > 0.f ? st.max[r] * p.lse_scale + logf(sum) : -INFINITY;
     }
-    uint16_t *out = (uint16_t *)p.out + t.batch * p.out_stride[0] + t.head * p.out_stride[2];
+    const OutRow rows[2] = {out_row(p, t, row0), out_row(p, t, row0 + 8)};
+    if (p.num_splits > 1) {
+        store_partial<D>(p, t, o, inv, lse, rows, quad);
+        return;
+    }
+    uint16_t *out[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        out[r] = (uint16_t *)p.out + t.batch * p.out_stride[0] + rows[r].query * p.out_stride[1] +
+                 rows[r].head * p.out_stride[2];
     if (p.out_vec16) {
 #pragma unroll
         for (int g = 0; g < D / 32; g++)
@@ -223,20 +280,20 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
                     v[j] = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
                 }
                 quad_transpose4(v, quad);
-                int row = row0 + 8 * r, col = 8 * (4 * g + quad);
-                if (row < p.seqlen_q) *(uint4 *)(out + row * p.out_stride[1] + col) = make_uint4(v[0], v[1], v[2], v[3]);
+                if (rows[r].valid) *(uint4 *)(out[r] + 8 * (4 * g + quad)) = make_uint4(v[0], v[1], v[2], v[3]);
             }
     } else {
 #pragma unroll
         for (int i = 0; i < D / 2; i += 2) {
-            int r = (i / 2) % 2, row = row0 + 8 * r, col = 8 * (i / 4) + 2 * quad;
-            if (row < p.seqlen_q) *(uint32_t *)(out + row * p.out_stride[1] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
+            int r = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad;
+            if (rows[r].valid) *(uint32_t *)(out[r] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
         }
     }
     if (p.lse && quad == 0) {
-        float *lse_row = p.lse + ((int64_t)t.batch * p.heads_q + t.head) * p.seqlen_q;
-        if (row0 < p.seqlen_q) lse_row[row0] = lse[0];
-        if (row0 + 8 < p.seqlen_q) lse_row[row0 + 8] = lse[1];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (rows[r].valid)
+                p.lse[((int64_t)t.batch * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query] = lse[r];
     }
 }
 
@@ -327,6 +384,30 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     epilogue<D, FP16>(p, t, o, st, row0, quad);
 }
 
+// A consumer warpgroup whose 64 rows all lie past the end (decode: a few
+// packed rows in a 128-row tile) computes nothing, but keeps the barrier
+// protocol of consumer_tile: the same waits and releases of every ring slot
+// (a wait on a slot's full barrier first, so its release counts for that
+// use of the slot) and the same number of turns.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
+                                    uint32_t q_phase) {
+    mbar_wait_parity(&sm.q_full, q_phase);
+    for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
+        int s = stage_of(ring, STAGES);
+        uint32_t ph = phase_of(ring, STAGES);
+        mbar_wait_parity(&sm.k_full[s], ph);
+        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+        release(&sm.k_empty[s]);
+        mbar_wait_parity(&sm.v_full[s], ph);
+        release(&sm.v_empty[s]);
+    }
+    release(&sm.q_empty);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+}
+
 // Rows whose every key is masked (or an empty key range): zeros and -inf.
 template <int D, int FP16>
 FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, const FwdTile &t, int consumer_index) {
@@ -350,6 +431,8 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t))
             write_empty_tile<D, FP16>(p, t, consumer_index);
+        else if (t.m0 + consumer_index * 64 >= p.rows)
+            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
         else
             consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
     }

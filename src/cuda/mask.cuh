@@ -8,17 +8,21 @@
 #include "ptx.cuh"
 #include "fwd_params.h"
 
-// Inclusive key range of query row `row`.
+// The query index of tile row `row` (GQA packing puts p.pack heads of one
+// query on consecutive rows).
+FA3C_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return p.pack == 1 ? row : row / p.pack; }
+
+// Inclusive key range of tile row `row`.
 FA3C_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {
-    int diag = row + p.seqlen_k - p.seqlen_q;
+    int diag = query_of_row(p, row) + p.seqlen_k - p.seqlen_q;
     lo = p.window_left >= 0 ? max(diag - p.window_left, 0) : 0;
     hi = p.window_right >= 0 ? min(diag + p.window_right, p.seqlen_k - 1) : p.seqlen_k - 1;
 }
 
-// Last real query row of the CTA's rows [m0, m0 + block_m): rows past the
-// sequence end are computed (their Q rows read as zeros) but never written.
+// Last real row of the CTA's rows [m0, m0 + block_m): rows past the end are
+// computed (their Q rows read as zeros) but never written.
 FA3C_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block_m) {
-    return min(m0 + block_m, p.seqlen_q) - 1;
+    return min(m0 + block_m, p.rows) - 1;
 }
 
 // Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) need at all.

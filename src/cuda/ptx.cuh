@@ -83,6 +83,16 @@ FA3C_DEVICE void tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar,
         : "memory");
 }
 
+FA3C_DEVICE void tma_load_5d(void *dst, const CUtensorMap *map, uint64_t *bar,
+                             int c0, int c1, int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+        ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)),
+          "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+        : "memory");
+}
+
 // Store a 4-D box from smem to global (bulk-group completion).
 FA3C_DEVICE void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3) {
     asm volatile(

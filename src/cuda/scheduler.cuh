@@ -1,7 +1,9 @@
 // Which tiles a CTA works on, and in what order. A tile is BLOCK_M query
-// rows of one (batch, head).
+// rows of one (batch, head), against all its keys or, with split-KV, one
+// range of them.
 //
-// Tile numbering (tile_at): the (batch, head) pairs are cut into L2
+// Tile numbering (tile_at): the (batch, head) pairs (batch, group with GQA
+// packing; the splits of split-KV innermost) are cut into L2
 // sections of p.section_heads pairs, whose K and V fit in a part of the L2
 // together (chosen on the host, backend.c). Tiles are numbered section by
 // section; inside a section longest first: the last row block of every pair,
@@ -26,24 +28,38 @@
 #include "mask.cuh"
 
 struct FwdTile {
-    int batch, head, head_kv, m0;
-    int n_begin, n_end;   // key blocks to visit, visited from n_end - 1 down
-    int u_begin, u_end;   // key blocks with nothing masked (mask skipped)
+    int batch, head, head_kv;   // head: the first query head of the tile (of its group, when packed)
+    int group;                  // head / p.pack
+    int split;                  // key range of split-KV (0 without)
+    int m0;                     // first row (query, or query x head when packed)
+    int n_begin, n_end;         // key blocks to visit, visited from n_end - 1 down
+    int u_begin, u_end;         // key blocks with nothing masked (mask skipped)
 };
 
-FA3C_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_m_blocks * p.batch * p.heads_q; }
+FA3C_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_tiles; }
 
+// Tiles of one L2 section: the splits of every row block of its pairs.
+FA3C_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
+    return p.section_heads * p.num_m_blocks * p.num_splits;
+}
+
+// The splits of one (batch, group, row block) are consecutive tile numbers.
 FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
-    int pairs = p.batch * p.heads_q, per_section = p.section_heads * p.num_m_blocks;
+    t.split = tile % p.num_splits;
+    tile /= p.num_splits;
+    int pairs = p.batch * p.groups, per_section = p.section_heads * p.num_m_blocks;
     int first = tile / per_section * p.section_heads, in_section = tile % per_section;
     int width = min(p.section_heads, pairs - first);   // the last section may be narrower
     int bh = first + in_section % width, m_rev = in_section / width;
-    t.batch = bh / p.heads_q;
-    t.head = bh % p.heads_q;
+    t.batch = bh / p.groups;
+    t.group = bh % p.groups;
+    t.head = t.group * p.pack;
     t.head_kv = t.head / (p.heads_q / p.heads_kv);
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m;
     key_block_range(p, t.m0, block_m, block_n, t.n_begin, t.n_end);
+    t.n_begin = max(t.n_begin, t.split * p.blocks_per_split);
+    t.n_end = min(t.n_end, (t.split + 1) * p.blocks_per_split);
     unmasked_block_range(p, t.m0, block_m, block_n, t.u_begin, t.u_end);
     return t;
 }
@@ -67,7 +83,7 @@ FA3C_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step) {
         int tile = step * (int)gridDim.x + (int)blockIdx.x;
         return tile < num_tiles(p) ? tile : NO_MORE_TILES;
     }
-    int per_section = p.section_heads * p.num_m_blocks, pairs_per_section = (per_section + 1) / 2;
+    int per_section = tiles_per_section(p), pairs_per_section = (per_section + 1) / 2;
     int full_sections = num_tiles(p) / per_section, last_tiles = num_tiles(p) % per_section;
     int pairs = full_sections * pairs_per_section + (last_tiles + 1) / 2;
     int slot = (step >> 1) * (int)gridDim.x + (int)blockIdx.x;

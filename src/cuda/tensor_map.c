@@ -45,23 +45,44 @@ fa3c_status fa3c_tensor_map_check(const char *name, const fa3c_tensor *t, int el
     return tma_strides(name, t, elem_bytes, batch, seqlen, heads, strides);
 }
 
-fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_tensor *t, int elem_bytes,
-                                 int batch, int seqlen, int heads, int headdim, int box_cols, int box_rows) {
+/* Encode a tiled, swizzled map of 16-bit (or 8-bit) elements; the swizzle
+ * follows the box's row width (128 B or 64 B). */
+static fa3c_status encode_tiled(CUtensorMap *map, const char *name, void *data, int elem_bytes, int rank,
+                                const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box) {
     PFN_cuTensorMapEncodeTiled_v12000 encode = get_encoder();
     if (!encode) return fa3c_error(FA3C_STATUS_CUDA_ERROR, "cuTensorMapEncodeTiled not found in the CUDA driver");
-    cuuint64_t dims[4] = {(cuuint64_t)headdim, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
-    cuuint64_t strides[3];
-    fa3c_status st = tma_strides(name, t, elem_bytes, batch, seqlen, heads, strides);
-    if (st != FA3C_STATUS_OK) return st;
-    int row_bytes = box_cols * elem_bytes;
-    cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1, 1};
-    cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
     CUtensorMapDataType type = elem_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-    CUtensorMapSwizzle swizzle = row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-    CUresult r = encode(map, type, 4, t->data, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                        swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUtensorMapSwizzle swizzle = box[0] * elem_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    CUresult r = encode(map, type, (cuuint32_t)rank, data, dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s: cuTensorMapEncodeTiled failed (CUresult %d); is %s.data "
                           "16-byte aligned?", name, (int)r, name);
     return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_tensor *t, int elem_bytes,
+                                 int batch, int seqlen, int heads, int headdim, int box_cols, int box_rows) {
+    cuuint64_t dims[4] = {(cuuint64_t)headdim, (cuuint64_t)seqlen, (cuuint64_t)heads, (cuuint64_t)batch};
+    cuuint64_t strides[3];
+    fa3c_status st = tma_strides(name, t, elem_bytes, batch, seqlen, heads, strides);
+    if (st != FA3C_STATUS_OK) return st;
+    cuuint32_t box[4] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows, 1, 1};
+    return encode_tiled(map, name, t->data, elem_bytes, 4, dims, strides, box);
+}
+
+fa3c_status fa3c_tensor_map_q_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
+                                     int heads, int pack, int headdim, int box_cols, int box_rows) {
+    cuuint64_t s[3];   /* bytes: seqlen, heads, batch */
+    fa3c_status st = tma_strides(name, t, 2, batch, seqlen, heads, s);
+    if (st != FA3C_STATUS_OK) return st;
+    int groups = heads / pack;
+    /* A dim of extent 1 is never stepped over: any legal stride will do. */
+    cuuint64_t dims[5] = {(cuuint64_t)headdim, (cuuint64_t)pack, (cuuint64_t)seqlen, (cuuint64_t)groups,
+                          (cuuint64_t)batch};
+    cuuint64_t strides[4] = {pack > 1 ? s[1] : 16, s[0], groups > 1 ? s[1] * (cuuint64_t)pack : 16, s[2]};
+    cuuint32_t box[5] = {(cuuint32_t)box_cols, (cuuint32_t)pack, (cuuint32_t)(box_rows / pack), 1, 1};
+    return encode_tiled(map, name, t->data, 2, 5, dims, strides, box);
 }

@@ -16,6 +16,7 @@ typedef struct {
     int packed_qkv;      // q, k, v interleaved in one (b, s, 3h, d) buffer (needs heads_q == heads_kv)
     float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
     int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
+    int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
 } fwd_case;
 
 static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
@@ -42,9 +43,10 @@ static void *to_device(const void *h, size_t bytes) {
 static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
-    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g\n",
+    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g "
+           "splits=%d\n",
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
-           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier);
+           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.num_splits);
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -61,6 +63,7 @@ static void run_case(const char *label, fwd_case c) {
     p.problem.window_left = c.window_left;
     p.problem.window_right = c.window_right;
     p.problem.softcap = c.softcap;
+    p.num_splits = c.num_splits;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));   // explicit: the internal lowp reference needs it
 
     void *hq, *hk, *hv, *hpacked = NULL;
@@ -352,6 +355,60 @@ TEST(fwd_hdim96_and_192) {
     c.heads_kv = 2;
     run_case("hdim192 gqa", c);
     run_case("hdim192 fp16", base_case(FP16, 1, 257, 257, 2, 192));
+}
+
+// GQA packing (backend.c: the query heads of a KV head share a tile when
+// seqlen_q is short): the 5-D Q box, row -> (query, head) in the mask and
+// the epilogue, and a consumer warpgroup with no real rows (idle).
+TEST(fwd_gqa_packed_decode) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 1, 1000, 16, 128);   // 8 heads per KV head: 8 of 128 rows
+    c.heads_kv = 2;
+    c.num_splits = 1;
+    run_case("decode gqa 8", c);
+    c = base_case(BF16, 1, 5, 700, 32, 128);             // 32 per KV head: a box of 32 heads x 4 queries
+    c.heads_kv = 1;
+    c.causal = 1;
+    c.num_splits = 1;
+    run_case("mqa 32, sq 5, causal", c);
+    c = base_case(FP16, 2, 17, 300, 12, 64);             // 6 per KV head into 192 rows, 102 real
+    c.heads_kv = 2;
+    c.window_left = 40;
+    c.window_right = 3;
+    c.num_splits = 1;
+    run_case("gqa 6, sq 17, window", c);
+    c = base_case(BF16, 1, 3, 500, 8, 256);
+    c.heads_kv = 2;
+    c.softcap = 15.f;
+    c.num_splits = 1;
+    run_case("gqa 4 hdim256 softcap", c);
+}
+
+// Split-KV: key ranges in separate tiles, partial results merged by
+// fwd_combine.cu; splits with no key for some rows (causal, window) carry
+// lse = -inf into the merge.
+TEST(fwd_split_kv) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 1, 3000, 16, 128);   // auto: few tiles, many key blocks
+    c.heads_kv = 2;
+    run_case("decode auto splits", c);
+    c = base_case(BF16, 1, 300, 1000, 2, 64);
+    c.causal = 1;
+    c.num_splits = 5;
+    run_case("causal sq<sk, 5 splits", c);
+    c = base_case(FP16, 1, 17, 2500, 3, 256);
+    c.num_splits = 3;
+    run_case("fp16 hdim256 sq 17, 3 splits", c);
+    c = base_case(BF16, 1, 600, 300, 2, 96);             // rows before the keys start: no split sees a key
+    c.window_left = 20;
+    c.window_right = 0;
+    c.num_splits = 4;
+    run_case("window fully masked rows, 4 splits", c);
+    c = base_case(BF16, 1, 4, 200, 4, 192);              // more splits asked than key blocks
+    c.heads_kv = 1;
+    c.num_splits = 64;
+    c.out_pad = 2;
+    run_case("64 splits asked, 2 key blocks", c);
 }
 
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.

@@ -1,0 +1,80 @@
+// Split-KV, second pass: every split of the forward kernel wrote its O
+// (already divided by its own row sum, fp32) and its LSE; this merges them.
+// With lse = log(sum_s exp(lse_s)), the exact softmax over all keys is
+// O = sum_s exp(lse_s - lse) * O_s. One warp per output row; rows whose
+// every split saw no key (all lse_s = -inf) get O = 0 and lse = -inf, as in
+// the one-pass kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include "backend.h"
+#include "fwd_combine.h"
+
+enum { COMBINE_WARPS = 4 };
+
+static __device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(~0u, x, o));
+    return x;
+}
+static __device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(~0u, x, o);
+    return x;
+}
+
+static __device__ __forceinline__ uint32_t pack_out(float a, float b, int fp16) {
+    if (fp16) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *(uint32_t *)&h;
+    }
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+__global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const fa3c_fwd_kernel_params p, int headdim,
+                                                                         int fp16) {
+    const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;   // (batch, head, query), row-major
+    const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int query = (int)(row % p.seqlen_q), head = (int)(row / p.seqlen_q % p.heads_q);
+    const int batch = (int)(row / ((int64_t)p.seqlen_q * p.heads_q));
+
+    float max_lse = -INFINITY;
+    for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.lse_partial[s * rows + row]);
+    max_lse = warp_max(max_lse);
+    float lse = -INFINITY;
+    if (max_lse > -INFINITY) {
+        float sum = 0.f;
+        for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.lse_partial[s * rows + row] - max_lse);
+        lse = max_lse + logf(warp_sum(sum));
+    }
+
+    uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + query * p.out_stride[1] + head * p.out_stride[2];
+    for (int col = 2 * lane; col < headdim; col += 64) {
+        float2 acc = make_float2(0.f, 0.f);
+        if (lse > -INFINITY)
+            for (int s = 0; s < p.num_splits; s++) {
+                float w = expf(p.lse_partial[s * rows + row] - lse);   // 0 for a split that saw no key
+                if (w > 0.f) {
+                    float2 o = *(const float2 *)(p.o_partial + (s * rows + row) * headdim + col);
+                    acc.x += w * o.x;
+                    acc.y += w * o.y;
+                }
+            }
+        *(uint32_t *)(out + col) = pack_out(acc.x, acc.y, fp16);
+    }
+    if (p.lse && lane == 0) p.lse[row] = lse;
+}
+
+extern "C" fa3c_status fa3c_fwd_combine(const fa3c_fwd_kernel_params *p, int headdim, int fp16, void *stream) {
+    int64_t rows = (int64_t)p->batch * p->heads_q * p->seqlen_q;
+    int64_t blocks = (rows + COMBINE_WARPS - 1) / COMBINE_WARPS;
+    if (blocks > INT32_MAX)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "split-KV combine: %lld rows are too many", (long long)rows);
+    fwd_combine_kernel<<<(unsigned)blocks, 32 * COMBINE_WARPS, 0, (cudaStream_t)stream>>>(*p, headdim, fp16);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "split-KV combine kernel launch failed: %s", cudaGetErrorString(e));
+    return FA3C_STATUS_OK;
+}

@@ -1,0 +1,20 @@
+/* Split-KV: merging the splits' partial results (fwd_combine.cu). */
+#ifndef FA3C_FWD_COMBINE_H
+#define FA3C_FWD_COMBINE_H
+
+#include "fa3c.h"
+#include "fwd_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out (and lse, when p->lse) from p->o_partial and p->lse_partial: for each
+ * row, lse = log(sum_s exp(lse_s)) and O = sum_s exp(lse_s - lse) * O_s.
+ * fp16: out is fp16, else bf16. Launched on `stream` after the forward kernel. */
+fa3c_status fa3c_fwd_combine(const fa3c_fwd_kernel_params *p, int headdim, int fp16, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# This session's one device call (kept so it can be rerun): correctness
+# (tools/gpu_check.sh quick: build, GPU tests, sanitizer, quick bench), the
+# decode benchmark against the peers, then interleaved A/B variants
+# (tools/gpu_tune.sh). Short tables last; logs under $OUT.
+#   bash tools/gpu_session.sh "variant spec" ...   (gpu_tune.sh syntax)
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+export OUT
+mkdir -p "$OUT"
+# gpu_check.sh packs and clears $OUT at its end: its stdout goes elsewhere first.
+SKIP_PY=${SKIP_PY:-1} SKIP_PEERS=1 timeout 360 bash tools/gpu_check.sh quick >/tmp/check_stdout.txt 2>&1
+echo "== gpu_check rc=$?"
+cp /tmp/check_stdout.txt "$OUT/check_stdout.txt"
+if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
+  FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 150 python3 bench/bench.py --hdims 64 \
+    --seqlens 512 --no-gqa --no-bwd --no-fp8 --flex none --impls fa3c,cudnn,fa2 \
+    $([ -d .peers ] && echo --peers .peers) --budget 100 --out "$OUT/decode" >"$OUT/decode_bench.log" 2>&1
+  echo "== decode bench rc=$?"
+fi
+if [ $# -gt 0 ]; then
+  TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout 300 bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
+  echo "== tune rc=$?"
+fi
+sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
+grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
+[ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
+[ -f "$OUT/tune_stdout.txt" ] && tail -14 "$OUT/tune_stdout.txt"
+exit 0
