@@ -27,19 +27,12 @@
 // the turn-taking (pingpong; round robin with 3 warpgroups).
 enum FwdNamedBarrier { BAR_TURN_WG0 = 1 };
 
-// Q has Q_STAGES buffers: with two, the next tile's Q loads while this tile
-// runs, where the smem allows (fwd_tiles.h, FA3C_FWD_Q_DOUBLE).
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
-    enum {
-        Q_BYTES = FA3C_FWD_BLOCK_M(D) * D * 2,
-        KV_BYTES = 2 * STAGES * BLOCK_N * D * 2,
-        Q_STAGES = FA3C_FWD_Q_DOUBLE && 2 * Q_BYTES + KV_BYTES + 2048 <= FA3C_FWD_SMEM_LIMIT ? 2 : 1
-    };
-    alignas(1024) uint8_t q[Q_STAGES][Q_BYTES];
+    alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
-    uint64_t q_full[Q_STAGES], q_empty[Q_STAGES];
+    uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
@@ -79,22 +72,19 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
                     t.group, t.batch);
 }
 
-// One thread streams, for every tile of this CTA, Q once (into the Q buffer
-// the tile before last has finished with) and K, V per key block through the
-// ring. `ring` counts key blocks over all tiles, `q_uses` tiles: they fix
-// slots and parities.
+// One thread streams, for every tile of this CTA, Q once (when the previous
+// tile's consumers are done with it) and K, V per key block through the ring.
+// `ring` counts key blocks over all tiles: it fixes slot and parity.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
     int ring = 0, q_uses = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step)) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
-        int qs = stage_of(q_uses, Smem::Q_STAGES);
-        mbar_wait_parity(&sm.q_empty[qs], phase_of(q_uses++, Smem::Q_STAGES) ^ 1);   // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(&sm.q_full[qs], Smem::Q_BYTES);
-        load_q_tile<D>(sm.q[qs], p, &sm.q_full[qs], t);
+        mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
+        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
+        load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             int s = stage_of(ring, STAGES);
             uint32_t ph = phase_of(ring, STAGES);
@@ -310,15 +300,12 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 // ---- consumer ------------------------------------------------------------------
 
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
-// tiles of this CTA (ring slot and parity); `q_use` the tile count (Q buffer
-// and parity). The warpgroups alternate turns across tiles too: each takes the
+// tiles of this CTA (ring slot and parity); `q_phase` the parity of this
+// tile's Q. The warpgroups alternate turns across tiles too: each takes the
 // same number of turns per tile (one per key block, plus one).
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, int q_use) {
-    typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
-    const int qs = stage_of(q_use, Smem::Q_STAGES);
-    const uint8_t *q = sm.q[qs];
+                               int consumer_index, int &ring, uint32_t q_phase) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
@@ -331,7 +318,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float rescale[2];
 
-    mbar_wait_parity(&sm.q_full[qs], phase_of(q_use, Smem::Q_STAGES));
+    mbar_wait_parity(&sm.q_full, q_phase);
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = t.n_end - 1;
@@ -339,7 +326,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_fence();
-    gemm_qk<D, BLOCK_N, FP16>(s, q, sm.k[cur], consumer_index);
+    gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
@@ -358,7 +345,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         mbar_wait_parity(&sm.v_full[prev], prev_phase);
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_fence();
-        gemm_qk<D, BLOCK_N, FP16>(s, q, sm.k[cur], consumer_index);
+        gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
         rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
@@ -378,7 +365,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         release(&sm.v_empty[prev]);
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
-    release(&sm.q_empty[qs]);            // every Q·Kᵀ of this tile has completed
+    release(&sm.q_empty);                // every Q·Kᵀ of this tile has completed
 
     // Last P·V.
     int last = stage_of(ring, STAGES);
@@ -404,10 +391,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // use of the slot) and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
-                                    int q_use) {
-    typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
-    const int qs = stage_of(q_use, Smem::Q_STAGES);
-    mbar_wait_parity(&sm.q_full[qs], phase_of(q_use, Smem::Q_STAGES));
+                                    uint32_t q_phase) {
+    mbar_wait_parity(&sm.q_full, q_phase);
     for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
         int s = stage_of(ring, STAGES);
         uint32_t ph = phase_of(ring, STAGES);
@@ -418,7 +403,7 @@ FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTi
         mbar_wait_parity(&sm.v_full[s], ph);
         release(&sm.v_empty[s]);
     }
-    release(&sm.q_empty[qs]);
+    release(&sm.q_empty);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
 }
@@ -447,9 +432,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile_is_empty(t))
             write_empty_tile<D, FP16>(p, t, consumer_index);
         else if (t.m0 + consumer_index * 64 >= p.rows)
-            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_uses++);
+            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
         else
-            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_uses++);
+            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
 }
@@ -465,10 +450,8 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
-        for (int s = 0; s < Smem::Q_STAGES; s++) {
-            mbar_init(&sm.q_full[s], 1);
-            mbar_init(&sm.q_empty[s], 4 * FA3C_FWD_CONSUMERS(D));   // one per consumer warp
-        }
+        mbar_init(&sm.q_full, 1);
+        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));          // one per consumer warp
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);

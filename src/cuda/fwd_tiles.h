@@ -63,25 +63,9 @@
 #ifndef FA3C_FWD_PIN_SOFTMAX
 #define FA3C_FWD_PIN_SOFTMAX 0
 #endif
-/* k > 0: every k-th exponential of the softmax runs on the FMA pipe
- * (exp2_poly.h) instead of MUFU.EX2, whose issue rate bounds the softmax
- * (bench/RESULTS.md, run 15). 0: all on MUFU. Measured with k = 4 (run 16):
- * 3-7% slower on every shape. */
-#ifndef FA3C_FWD_EXP2_FMA_EVERY
-#define FA3C_FWD_EXP2_FMA_EVERY 0
-#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
-/* 1: two Q buffers where the smem allows (2 * Q + the K/V ring within
- * FA3C_FWD_SMEM_LIMIT), so that a persistent CTA loads the next tile's Q
- * while the current tile runs instead of after its last Q·Kᵀ; 0: one.
- * Measured (run 16): no change beyond the noise (+-1.5%) at any length. */
-#ifndef FA3C_FWD_Q_DOUBLE
-#define FA3C_FWD_Q_DOUBLE 0
-#endif
-/* Dynamic smem a block may use on sm_90 (227 KB). */
-#define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 
 /* hdim 96: N 128, 3 stages: 24 + 3*48 = 168 KB; hdim 192: N 112, 2 stages:
  * 48 + 2*84 = 216 KB (O takes 96 registers; FA3 uses 112 too). */

@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <stdio.h>   // device printf in the debug hang trap
 #include <cuda.h>   // CUtensorMap (types only)
-#include "exp2_poly.h"
 
 #define FA3C_DEVICE static __device__ __forceinline__
 
@@ -186,12 +185,6 @@ FA3C_DEVICE float ex2f(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-// 2^x on the FMA pipe (exp2_poly.h), for x <= 0; -inf gives 0.
-FA3C_DEVICE float ex2_fma(float x) {
-    x = fmaxf(x, -127.f);
-    return fa3c_exp2_from_floor(x, __fadd_rd(x, FA3C_EXP2_MAGIC));
 }
 
 FA3C_DEVICE float tanh_approx(float x) {

@@ -6,7 +6,6 @@
 // row sums stay per-thread partial sums until the end (rescaling is linear).
 #pragma once
 #include "ptx.cuh"
-#include "fwd_tiles.h"
 
 struct SoftmaxState {
     float max[2];        // running max of the scores (in score units)
@@ -51,13 +50,6 @@ FA3C_DEVICE float tree_sum(float *v) {
 template <>
 __device__ __forceinline__ float tree_sum<1>(float *v) { return v[0]; }
 
-// Every FA3C_FWD_EXP2_FMA_EVERY-th exponential is computed on the FMA pipe
-// instead of MUFU.EX2 (exp2_poly.h); 0 = all on MUFU.
-FA3C_DEVICE bool exp2_on_fma_pipe(int i) {
-    return FA3C_FWD_EXP2_FMA_EVERY > 0 && i % (FA3C_FWD_EXP2_FMA_EVERY > 0 ? FA3C_FWD_EXP2_FMA_EVERY : 1) ==
-                                              FA3C_FWD_EXP2_FMA_EVERY - 1;
-}
-
 // Register i of the fragment is row (i / 2) % 2; the ROW_VALUES = BLOCK_N / 4
 // registers of row r are i = 4k + 2r + e.
 template <int BLOCK_N>
@@ -86,10 +78,7 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         st.max[r] = new_max;
     }
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) {
-        float x = fmaf(s[i], score_log2, -offset[(i / 2) % 2]);
-        s[i] = exp2_on_fma_pipe(i) ? ex2_fma(x) : ex2f(x);
-    }
+    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = ex2f(fmaf(s[i], score_log2, -offset[(i / 2) % 2]));
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
