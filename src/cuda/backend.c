@@ -88,7 +88,7 @@ static int l2_section_heads(const fa3c_problem *pr, int pack) {
  * box is {pack, BLOCK_M / pack} rows). */
 static int gqa_pack(const fa3c_problem *pr) {
     int group = pr->heads_q / pr->heads_kv, block_m = FA3C_FWD_BLOCK_M(pr->headdim);
-    if (group == 1 || block_m % group != 0) return 1;
+    if (group == 1 || block_m % group != 0 || (long long)pr->seqlen_q * group > INT32_MAX) return 1;
     long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
     long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
     return packed < unpacked ? group : 1;
@@ -99,7 +99,7 @@ static int gqa_pack(const fa3c_problem *pr) {
  * tiles leave SMs idle (decode, short prefill of few heads), into as many
  * ranges as fill the SMs once, each at least MIN_BLOCKS_PER_SPLIT key blocks
  * long so that the extra pass pays. */
-enum { MAX_SPLITS = 128, MIN_BLOCKS_PER_SPLIT = 4 };
+enum { MAX_SPLITS = FA3C_MAX_SPLITS, MIN_BLOCKS_PER_SPLIT = 4 };
 
 static int num_key_splits(const fa3c_fwd_params *p, long long tiles, int key_blocks) {
     int splits = p->num_splits;
@@ -117,6 +117,25 @@ static int num_key_splits(const fa3c_fwd_params *p, long long tiles, int key_blo
     if (splits > key_blocks) splits = key_blocks;
     if (splits > MAX_SPLITS) splits = MAX_SPLITS;
     return splits < 1 ? 1 : splits;
+}
+
+/* The tile order's constants and divisors (fwd_params.h, scheduler.cuh),
+ * from pack, groups, num_m_blocks, num_splits, num_tiles and section_heads. */
+static void fill_schedule(fa3c_fwd_kernel_params *k) {
+    int pairs = k->batch * k->groups;
+    k->div_splits = fa3c_fast_div_make(k->num_splits);
+    k->div_pack = fa3c_fast_div_make(k->pack);
+    k->div_group_size = fa3c_fast_div_make(k->heads_q / k->heads_kv);
+    k->div_groups = fa3c_fast_div_make(k->groups);
+    k->div_section_tiles = fa3c_fast_div_make(k->section_heads * k->num_m_blocks);
+    k->div_section_width = fa3c_fast_div_make(k->section_heads);
+    k->full_pair_sections = pairs / k->section_heads;
+    k->div_last_width = fa3c_fast_div_make(pairs % k->section_heads ? pairs % k->section_heads : k->section_heads);
+    int per_section = k->section_heads * k->num_m_blocks * k->num_splits;
+    k->div_pairs_per_section = fa3c_fast_div_make((per_section + 1) / 2);
+    k->full_tile_sections = k->num_tiles / per_section;
+    k->last_section_tiles = k->num_tiles % per_section;
+    k->tile_pairs = k->full_tile_sections * ((per_section + 1) / 2) + (k->last_section_tiles + 1) / 2;
 }
 
 /* Long non-causal attention without a window: the wide-tile instance, when
@@ -228,10 +247,10 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
     k.pack = gqa_pack(pr);
-    if (k.pack > 1 && fa3c_tensor_map_q_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
+    if (k.pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
                                                pr->headdim, cols, block_m) != FA3C_STATUS_OK)
         k.pack = 1;   /* strides the 5-D map can't take: no packing */
-    if ((k.pack == 1 && (s = fa3c_tensor_map_q_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
+    if ((k.pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
                                                       pr->headdim, cols, block_m))) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
                                   cols, block_n)) ||
@@ -262,6 +281,13 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows", block_m);
     k.num_tiles = (int)(tiles * k.num_splits);
     k.section_heads = l2_section_heads(pr, k.pack);
+    fill_schedule(&k);
+    /* O through TMA stores (instances with smem for it, fwd_sm90.cuh): one box
+     * is one consumer's 64 rows, so the group must divide 64; split-KV writes
+     * fp32 partials instead. Strides TMA can't take: stores from registers. */
+    k.out_tma = k.num_splits == 1 && pr->headdim % 64 == 0 && 64 % k.pack == 0 &&
+                fa3c_tensor_map_groups(&k.o_map, "out", &p->out, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
+                                       pr->headdim, 64, 64) == FA3C_STATUS_OK;
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {
         /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */

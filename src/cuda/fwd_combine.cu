@@ -31,37 +31,47 @@ static __device__ __forceinline__ uint32_t pack_out(float a, float b, int fp16) 
     return *(uint32_t *)&h;
 }
 
+// The split loop's loads are independent (the weights sit in smem), so
+// they are unrolled to be in flight together: a loop that loaded a split's
+// LSE and then its O, one split after the other, took 17 us for 64 rows of
+// 16 splits (bench/RESULTS.md, run 17).
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const fa3c_fwd_kernel_params p, int headdim,
                                                                          int fp16) {
+    __shared__ float weights[COMBINE_WARPS][FA3C_MAX_SPLITS];
     const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;   // (batch, head, query), row-major
     const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;
     const int query = (int)(row % p.seqlen_q), head = (int)(row / p.seqlen_q % p.heads_q);
     const int batch = (int)(row / ((int64_t)p.seqlen_q * p.heads_q));
+    float *w = weights[threadIdx.x / 32];
 
     float max_lse = -INFINITY;
-    for (int s = lane; s < p.num_splits; s += 32) max_lse = fmaxf(max_lse, p.lse_partial[s * rows + row]);
+    for (int s = lane; s < p.num_splits; s += 32) {
+        w[s] = p.lse_partial[s * rows + row];
+        max_lse = fmaxf(max_lse, w[s]);
+    }
     max_lse = warp_max(max_lse);
     float lse = -INFINITY;
     if (max_lse > -INFINITY) {
         float sum = 0.f;
-        for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.lse_partial[s * rows + row] - max_lse);
+        for (int s = lane; s < p.num_splits; s += 32) sum += expf(w[s] - max_lse);
         lse = max_lse + logf(warp_sum(sum));
     }
+    for (int s = lane; s < p.num_splits; s += 32) w[s] = lse > -INFINITY ? expf(w[s] - lse) : 0.f;   // 0: no key
+    __syncwarp();
 
     uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + query * p.out_stride[1] + head * p.out_stride[2];
+    const float *o = p.o_partial + row * headdim;
+    const int64_t split_stride = rows * headdim;
     for (int col = 2 * lane; col < headdim; col += 64) {
         float2 acc = make_float2(0.f, 0.f);
-        if (lse > -INFINITY)
-            for (int s = 0; s < p.num_splits; s++) {
-                float w = expf(p.lse_partial[s * rows + row] - lse);   // 0 for a split that saw no key
-                if (w > 0.f) {
-                    float2 o = *(const float2 *)(p.o_partial + (s * rows + row) * headdim + col);
-                    acc.x += w * o.x;
-                    acc.y += w * o.y;
-                }
-            }
+#pragma unroll 8
+        for (int s = 0; s < p.num_splits; s++) {
+            float2 v = *(const float2 *)(o + s * split_stride + col);
+            acc.x += w[s] * v.x;
+            acc.y += w[s] * v.y;
+        }
         *(uint32_t *)(out + col) = pack_out(acc.x, acc.y, fp16);
     }
     if (p.lse && lane == 0) p.lse[row] = lse;

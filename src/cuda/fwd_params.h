@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 #include <stdint.h>
+#include "fast_div.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,6 +14,8 @@ extern "C" {
 
 typedef struct fa3c_fwd_kernel_params {
     CUtensorMap q_map, k_map, v_map;   /* 128B-swizzled boxes of 64 x rows */
+    CUtensorMap o_map;                 /* out, boxes of 64 columns x 64 rows (one consumer's), like q_map */
+    int out_tma;                       /* 1: o_map is valid; instances with smem to stage O store through it */
     void *out;
     int64_t out_stride[3];             /* elements: batch, seqlen, heads */
     int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides) */
@@ -32,6 +35,20 @@ typedef struct fa3c_fwd_kernel_params {
      * merges them into out and lse. */
     float *o_partial, *lse_partial;
     int section_heads;                 /* (batch, group) pairs per L2 section of the tile order (scheduler.cuh) */
+    /* The tile order's constants and divisors, computed once on the host
+     * (backend.c, fill_schedule): the scheduler runs per tile, on the
+     * critical path between two tiles. */
+    fa3c_fast_div div_splits;          /* num_splits */
+    fa3c_fast_div div_pack;            /* pack */
+    fa3c_fast_div div_group_size;      /* heads_q / heads_kv */
+    fa3c_fast_div div_groups;          /* groups */
+    fa3c_fast_div div_section_tiles;   /* section_heads * num_m_blocks */
+    fa3c_fast_div div_section_width;   /* section_heads */
+    fa3c_fast_div div_last_width;      /* pairs in the last section (batch * groups - full sections' pairs) */
+    int full_pair_sections;            /* sections holding section_heads pairs */
+    /* Longest/shortest pairs under a mask (tile_of_step): */
+    fa3c_fast_div div_pairs_per_section;   /* (tiles per section + 1) / 2 */
+    int full_tile_sections, last_section_tiles, tile_pairs;
     /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
      * p = exp2(s * score_log2 - max), lse = max_s * lse_scale + ln(sum). */
     float score_log2;

@@ -23,12 +23,44 @@
 #include "softmax.cuh"
 #include "scheduler.cuh"
 
-// Named-barrier ids (0 is __syncthreads): one per consumer warpgroup for
-// the turn-taking (pingpong; round robin with 3 warpgroups).
-enum FwdNamedBarrier { BAR_TURN_WG0 = 1 };
+// Named-barrier ids (0 is __syncthreads): per consumer warpgroup, one for
+// the turn-taking (pingpong; round robin with 3 warpgroups) and one for its
+// epilogue's O staging.
+enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4 };
+
+// O staging for the TMA-store epilogue: 64 rows x D per consumer warpgroup,
+// as D / 64 boxes of 64 rows x 128 B (128-byte swizzle). Empty where the
+// smem has no room (the ring and Q take it: hdim 192, 256, and N 176) or D
+// is not a multiple of 64 (hdim 96): those store O from registers.
+template <int D, int BLOCK_N, int STAGES>
+constexpr int o_staging_bytes() {
+    // Q, the K/V ring, the barriers (< 1 KB), the base alignment (1 KB).
+    return FA3C_FWD_TMA_STORE && D % 64 == 0 &&
+                   FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048 +
+                           FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= FA3C_FWD_SMEM_LIMIT
+               ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2
+               : 0;
+}
+template <int BYTES>
+struct OStaging {
+    alignas(1024) uint8_t o[BYTES];
+};
+template <>
+struct OStaging<0> {};
+
+// Consumer c's staging buffer (64 rows x D), or NULL where there is none.
+template <int D, int BYTES>
+struct StagingOf {
+    FA3C_DEVICE uint8_t *get(OStaging<BYTES> &s, int consumer_index) { return s.o + consumer_index * 64 * D * 2; }
+};
+template <int D>
+struct StagingOf<D, 0> {
+    FA3C_DEVICE uint8_t *get(OStaging<0> &, int) { return nullptr; }
+};
 
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
+    enum { O_STAGING_BYTES = o_staging_bytes<D, BLOCK_N, STAGES>() };
     alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
@@ -36,7 +68,13 @@ struct FwdSmem {
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
+    OStaging<O_STAGING_BYTES> staging;
 };
+
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
+    return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES>::get(sm.staging, consumer_index);
+}
 
 // Ring slot and barrier parity of the it-th key block.
 FA3C_DEVICE int stage_of(int it, int stages) { return it % stages; }
@@ -68,7 +106,7 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
     typedef TileLayout<D> L;
 #pragma unroll
     for (int c = 0; c < D / L::CHUNK; c++)
-        tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, t.m0 / p.pack,
+        tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, fa3c_div(t.m0, p.div_pack),
                     t.group, t.batch);
 }
 
@@ -218,7 +256,7 @@ FA3C_DEVICE OutRow out_row(const fa3c_fwd_kernel_params &p, const FwdTile &t, in
     OutRow r;
     r.valid = row < p.rows;
     r.query = query_of_row(p, row);
-    r.head = t.head + (p.pack == 1 ? 0 : row - r.query * p.pack);
+    r.head = t.head + row - r.query * p.pack;
     return r;
 }
 
@@ -242,25 +280,73 @@ FA3C_DEVICE void store_partial(const fa3c_fwd_kernel_params &p, const FwdTile &t
     }
 }
 
+FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
+                           const OutRow rows[2], int quad) {
+    if (p.lse && quad == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (rows[r].valid)
+                p.lse[((int64_t)t.batch * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query] = lse[r];
+    }
+}
+
+// O / sum through smem and TMA: stmatrix puts the fragments into this
+// warpgroup's staging buffer with the 128-byte swizzle, one thread stores
+// the D / 64 boxes of 64 rows (rows past the end are clipped by the TMA
+// unit). The buffer is reused by the next tile, once the store has read it.
+template <int D, int FP16>
+FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
+                                const float inv[2], uint8_t *staging, int consumer_index) {
+    int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    if (tid == 0) tma_store_wait_read();   // the previous tile's store is done with the buffer
+    named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
+    // Lane l addresses row l % 8 of matrix l / 8: matrices 0, 1 are rows 0-7
+    // and 8-15 of 8-column chunk c, matrices 2, 3 the same rows of chunk c + 1.
+    int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int c = 0; c < D / 8; c += 2) {
+        int chunk = c + m / 2;
+        uint8_t *addr = staging + (chunk / 8) * 64 * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+        stmatrix_x4(addr, pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
+                    pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
+                    pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
+                    pack2<FP16>(o[4 * c + 6] * inv[1], o[4 * c + 7] * inv[1]));
+    }
+    fence_proxy_async_smem();   // the stores above, before the TMA unit reads them
+    named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
+    if (tid == 0) {
+        int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
+#pragma unroll
+        for (int b = 0; b < D / 64; b++) tma_store_5d(&p.o_map, staging + b * 64 * 128, b * 64, 0, query0, t.group, t.batch);
+        tma_store_commit();
+    }
+}
+
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
-// results (store_partial). Rows past the end are dropped.
+// results (store_partial). Rows past the end are dropped. `staging`: this
+// warpgroup's O buffer (store_tile_tma), NULL where the instance has none.
 // Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad) {
+                          int quad, uint8_t *staging, int consumer_index) {
     float inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(st.sum[r]);
-        inv[r] = sum > 0.f ? 1.f / sum : 0.f;   // fully masked row: output 0
-        lse[r] = sum > 0.f ? st.max[r] * p.lse_scale + logf(sum) : -INFINITY;
+        inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
+        lse[r] = sum > 0.f ? st.max[r] * p.lse_scale + lg2_approx(sum) * 0.69314718f : -INFINITY;
     }
     const OutRow rows[2] = {out_row(p, t, row0), out_row(p, t, row0 + 8)};
     if (p.num_splits > 1) {
         store_partial<D>(p, t, o, inv, lse, rows, quad);
+        return;
+    }
+    if (staging && p.out_tma) {
+        store_tile_tma<D, FP16>(p, t, o, inv, staging, consumer_index);
+        write_lse(p, t, lse, rows, quad);
         return;
     }
     uint16_t *out[2];
@@ -289,12 +375,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
             if (rows[r].valid) *(uint32_t *)(out[r] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
         }
     }
-    if (p.lse && quad == 0) {
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (rows[r].valid)
-                p.lse[((int64_t)t.batch * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query] = lse[r];
-    }
+    write_lse(p, t, lse, rows, quad);
 }
 
 // ---- consumer ------------------------------------------------------------------
@@ -381,7 +462,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     release(&sm.v_empty[last]);
 
-    epilogue<D, FP16>(p, t, o, st, row0, quad);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
@@ -409,8 +490,9 @@ FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTi
 }
 
 // Rows whose every key is masked (or an empty key range): zeros and -inf.
-template <int D, int FP16>
-FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, const FwdTile &t, int consumer_index) {
+template <int D, int BLOCK_N, int STAGES, int FP16>
+FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                                  int consumer_index) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;
     float o[D / 2];
@@ -418,7 +500,7 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, const FwdTile
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     SoftmaxState st;
     softmax_init(st);
-    epilogue<D, FP16>(p, t, o, st, row0, quad);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>
@@ -430,13 +512,14 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t))
-            write_empty_tile<D, FP16>(p, t, consumer_index);
+            write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         else if (t.m0 + consumer_index * 64 >= p.rows)
             idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
         else
             consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, (uint32_t)(q_uses++ & 1));
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
+    if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }
 
 template <int D, int BLOCK_N, int FP16>
@@ -450,6 +533,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
+        if (p.out_tma) tma_prefetch_map(&p.o_map);
         mbar_init(&sm.q_full, 1);
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));          // one per consumer warp
         for (int s = 0; s < STAGES; s++) {
@@ -476,5 +560,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
 // Dynamic smem a launch needs (the +1024 lets the kernel align the base).
 template <int D, int BLOCK_N>
 static size_t fwd_smem_bytes(void) {
+    static_assert(sizeof(FwdSmem<D, BLOCK_N, FA3C_FWD_STAGES(D)>) + 1024 <= FA3C_FWD_SMEM_LIMIT,
+                  "the forward kernel's smem exceeds what a block may use");
     return sizeof(FwdSmem<D, BLOCK_N, FA3C_FWD_STAGES(D)>) + 1024;
 }

@@ -66,6 +66,15 @@
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
+/* 1: where the smem has room for O (hdim 64 and 128 with N 128), the
+ * epilogue stages O in smem (stmatrix) and writes it with TMA stores,
+ * instead of 16-byte stores from registers after a shuffle transpose;
+ * 0: always from registers. */
+#ifndef FA3C_FWD_TMA_STORE
+#define FA3C_FWD_TMA_STORE 1
+#endif
+/* Dynamic smem a block may use on sm_90 (227 KB). */
+#define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 
 /* hdim 96: N 128, 3 stages: 24 + 3*48 = 168 KB; hdim 192: N 112, 2 stages:
  * 48 + 2*84 = 216 KB (O takes 96 registers; FA3 uses 112 too). */

@@ -10,7 +10,7 @@
 
 // The query index of tile row `row` (GQA packing puts p.pack heads of one
 // query on consecutive rows).
-FA3C_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return p.pack == 1 ? row : row / p.pack; }
+FA3C_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return fa3c_div(row, p.div_pack); }
 
 // Inclusive key range of tile row `row`.
 FA3C_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {

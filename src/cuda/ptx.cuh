@@ -101,10 +101,30 @@ FA3C_DEVICE void tma_store_4d(const CUtensorMap *map, const void *src, int c0, i
         : "memory");
 }
 
+FA3C_DEVICE void tma_store_5d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
+        ::"l"((uint64_t)map), "r"(smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
+        : "memory");
+}
+
 FA3C_DEVICE void tma_store_commit(void) { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Wait until the smem sources of all committed stores have been read.
 FA3C_DEVICE void tma_store_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Wait until all committed stores are complete (before the CTA exits).
+FA3C_DEVICE void tma_store_wait_all(void) { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// Four 8x8 matrices of 16-bit elements from the registers of a warp to smem:
+// register i of lane t holds row t / 4, columns 2 (t % 4) and +1 of matrix
+// i (the wgmma accumulator layout), and lane t gives the address of row t % 8
+// of matrix t / 8.
+FA3C_DEVICE void stmatrix_x4(void *row_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(smem_addr(row_addr)), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
 
 // Order this thread's generic-proxy smem writes before later async-proxy
 // (TMA, wgmma) accesses; pair with a barrier.
@@ -184,6 +204,19 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
 FA3C_DEVICE float ex2f(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1/x and log2(x) in one MUFU op each (about 1 ulp; the IEEE versions add a
+// slow path with branches, which showed in the epilogue's stall samples).
+FA3C_DEVICE float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+FA3C_DEVICE float lg2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 

@@ -44,18 +44,19 @@ FA3C_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
 }
 
 // The splits of one (batch, group, row block) are consecutive tile numbers.
+// Divisions by launch constants go through fast_div.h.
 FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
-    t.split = tile % p.num_splits;
-    tile /= p.num_splits;
-    int pairs = p.batch * p.groups, per_section = p.section_heads * p.num_m_blocks;
-    int first = tile / per_section * p.section_heads, in_section = tile % per_section;
-    int width = min(p.section_heads, pairs - first);   // the last section may be narrower
-    int bh = first + in_section % width, m_rev = in_section / width;
-    t.batch = bh / p.groups;
-    t.group = bh % p.groups;
+    t.split = fa3c_mod(tile, p.div_splits);
+    tile = fa3c_div(tile, p.div_splits);
+    int section = fa3c_div(tile, p.div_section_tiles), in_section = fa3c_mod(tile, p.div_section_tiles);
+    // The last section may be narrower.
+    fa3c_fast_div width = section < p.full_pair_sections ? p.div_section_width : p.div_last_width;
+    int bh = section * p.section_heads + fa3c_mod(in_section, width), m_rev = fa3c_div(in_section, width);
+    t.batch = fa3c_div(bh, p.div_groups);
+    t.group = fa3c_mod(bh, p.div_groups);
     t.head = t.group * p.pack;
-    t.head_kv = t.head / (p.heads_q / p.heads_kv);
+    t.head_kv = fa3c_div(t.head, p.div_group_size);
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m;
     key_block_range(p, t.m0, block_m, block_n, t.n_begin, t.n_end);
     t.n_begin = max(t.n_begin, t.split * p.blocks_per_split);
@@ -83,13 +84,11 @@ FA3C_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step) {
         int tile = step * (int)gridDim.x + (int)blockIdx.x;
         return tile < num_tiles(p) ? tile : NO_MORE_TILES;
     }
-    int per_section = tiles_per_section(p), pairs_per_section = (per_section + 1) / 2;
-    int full_sections = num_tiles(p) / per_section, last_tiles = num_tiles(p) % per_section;
-    int pairs = full_sections * pairs_per_section + (last_tiles + 1) / 2;
     int slot = (step >> 1) * (int)gridDim.x + (int)blockIdx.x;
-    if (slot >= pairs) return NO_MORE_TILES;
-    int section = slot / pairs_per_section, k = slot % pairs_per_section;
-    int n = section < full_sections ? per_section : last_tiles;
+    if (slot >= p.tile_pairs) return NO_MORE_TILES;
+    int section = fa3c_div(slot, p.div_pairs_per_section), k = fa3c_mod(slot, p.div_pairs_per_section);
+    int per_section = tiles_per_section(p);
+    int n = section < p.full_tile_sections ? per_section : p.last_section_tiles;
     int index = (step & 1) ? n - 1 - k : k;
     if ((step & 1) && index == k) return SKIP_STEP;
     return section * per_section + index;

@@ -18,12 +18,12 @@ extern "C" {
 fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_tensor *t, int elem_bytes,
                                  int batch, int seqlen, int heads, int headdim, int box_cols, int box_rows);
 
-/* The forward kernel's Q map: 5-D, (headdim, pack, seqlen, heads / pack,
- * batch), box {box_cols, pack, box_rows / pack, 1, 1}, so that one box is
- * box_rows rows of which row i * pack + h is query i, head h of a group of
- * `pack` consecutive heads (GQA packing; pack = 1: box_rows queries of one
- * head). box_rows must be a multiple of pack. */
-fa3c_status fa3c_tensor_map_q_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
+/* The forward kernel's Q (and O) map: 5-D, (headdim, pack, seqlen,
+ * heads / pack, batch), box {box_cols, pack, box_rows / pack, 1, 1}, so
+ * that one box is box_rows rows of which row i * pack + h is query i, head h
+ * of a group of `pack` consecutive heads (GQA packing; pack = 1: box_rows
+ * queries of one head). box_rows must be a multiple of pack. */
+fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
                                      int heads, int pack, int headdim, int box_cols, int box_rows);
 
 /* NOT_SUPPORTED (with a message naming `name`) unless t's strides suit TMA:
