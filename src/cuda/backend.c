@@ -15,50 +15,44 @@
 
 typedef struct {
     fa3c_dtype dtype;
-    int headdim, block_n, wide;
+    int headdim, block_n;
     fa3c_fwd_launcher launch;
 } fwd_instance;
 
 /* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn, wd) {dt, hd, bn, wd, fa3c_fwd_sm90_##name},
+#define FA3C_TABLE_ROW(name, dt, hd, bn) {dt, hd, bn, fa3c_fwd_sm90_##name},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
-    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
+    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64))
 #endif
 #ifdef FA3C_INST_bf16_hdim96
-    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96), 0)
+    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96))
 #endif
 #ifdef FA3C_INST_bf16_hdim128
-    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128), 0)
-#endif
-#ifdef FA3C_INST_bf16_hdim128_n176
-    FA3C_TABLE_ROW(bf16_hdim128_n176, FA3C_DTYPE_BF16, 128, 176, 1)
+    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128))
 #endif
 #ifdef FA3C_INST_bf16_hdim192
-    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192), 0)
+    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192))
 #endif
 #ifdef FA3C_INST_bf16_hdim256
-    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256), 0)
+    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256))
 #endif
 #ifdef FA3C_INST_fp16_hdim64
-    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64), 0)
+    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64))
 #endif
 #ifdef FA3C_INST_fp16_hdim96
-    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96), 0)
+    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96))
 #endif
 #ifdef FA3C_INST_fp16_hdim128
-    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim128_n176
-    FA3C_TABLE_ROW(fp16_hdim128_n176, FA3C_DTYPE_FP16, 128, 176, 1)
+    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128))
 #endif
 #ifdef FA3C_INST_fp16_hdim192
-    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 0)
+    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192))
 #endif
 #ifdef FA3C_INST_fp16_hdim256
-    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 0)
+    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256))
 #endif
-    {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
+    {FA3C_DTYPE_FP32, 0, 0, NULL}};
 
 /* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
  * as keep their K and V within a quarter of the L2 (two sections may be in
@@ -138,24 +132,11 @@ static void fill_schedule(fa3c_fwd_kernel_params *k) {
     k->tile_pairs = k->full_tile_sections * ((per_section + 1) / 2) + (k->last_section_tiles + 1) / 2;
 }
 
-/* Long non-causal attention without a window: the wide-tile instance, when
- * built, is faster there (bench/RESULTS.md, runs 2-3). */
-enum { WIDE_TILE_MIN_SEQLEN_K = 2048 };
-
-static int wants_wide_tile(const fa3c_problem *pr) {
-    return !pr->causal && pr->window_left < 0 && pr->window_right < 0 && pr->seqlen_k >= WIDE_TILE_MIN_SEQLEN_K;
-}
-
-/* The instance for this call: the wide one when it pays and exists, else the default. */
+/* The instance for this call (one per dtype and head dim in this build). */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
-    const fwd_instance *found = NULL;
-    for (size_t i = 0; fwd_instances[i].launch; i++) {
-        const fwd_instance *f = &fwd_instances[i];
-        if (f->dtype != pr->dtype || f->headdim != pr->headdim) continue;
-        if (f->wide == wants_wide_tile(pr)) return f;
-        if (!found || !f->wide) found = f;   /* any tile computes the same function */
-    }
-    return found;
+    for (size_t i = 0; fwd_instances[i].launch; i++)
+        if (fwd_instances[i].dtype == pr->dtype && fwd_instances[i].headdim == pr->headdim) return &fwd_instances[i];
+    return NULL;
 }
 
 int fa3c_cuda_backend_usable(void) {

@@ -27,8 +27,7 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     return FA3C_STATUS_OK;
 }
 
-// BLOCK_N: keys per tile; FA3C_FWD_BLOCK_N(D) by default, a wider tile for
-// the long non-causal instances (backend.c chooses).
+// BLOCK_N: keys per tile (FA3C_FWD_BLOCK_N(D), fwd_tiles.h).
 #define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16)                                              \
     extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \
         return launch_fwd<D, BLOCK_N, FP16>(p, (cudaStream_t)stream);                          \

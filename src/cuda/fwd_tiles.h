@@ -5,14 +5,19 @@
  * (optionally 3 warpgroups, 192 rows, for hdim 64).
  * BLOCK_N (keys per tile) and the pipeline depth trade smem against reuse:
  *   Q tile = 128 * D * 2 B, each stage = 2 * BLOCK_N * D * 2 B (K and V),
- *   and the total must stay under the 227 KB a block may use.
- *   hdim  64: N 128, 4 stages:  16 + 4*32 = 144 KB
- *   hdim 128: N 128, 2 stages:  32 + 2*64 = 160 KB
+ *   plus, where it fits, 64 rows x D per consumer to stage O for the TMA
+ *   store (fwd_sm90.cuh), and the total must stay under the 227 KB a block
+ *   may use.
+ *   hdim  64: N 128, 4 stages:  24 + 4*32 = 152 KB + 24 KB O staging
+ *   hdim 128: N 128, 2 stages:  32 + 2*64 = 160 KB + 32 KB O staging
  *   hdim 256: N  80, 2 stages:  64 + 2*80 = 224 KB (the accumulator of
  *             64x256 already takes 128 registers per thread; N 80 keeps S small)
- * Measured on the H200 (bench/RESULTS.md, 2026-12-02): N 80 beat N 64 for
- * hdim 256 by 6% at 8k; N 176 for hdim 128 won 3.5% non-causal at 8k but lost
- * at 512 and causal, N 192 for hdim 64 likewise: both kept at 128. */
+ * Measured on the H200 (bench/RESULTS.md): N 80 beat N 64 for hdim 256 by 6%
+ * at 8k; N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
+ * causal, and with the TMA-store epilogue (no smem left for it at N 176) it
+ * lost at 2k and tied at 8k (run 19); N 192 for hdim 64 lost like N 176 did:
+ * both kept at 128. 2 consumers (128 rows) for hdim 64: +6% causal at 512,
+ * 1-13% slower elsewhere (run 19). */
 #ifndef FA3C_FWD_TILES_H
 #define FA3C_FWD_TILES_H
 

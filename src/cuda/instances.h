@@ -15,24 +15,23 @@ extern "C" {
 
 typedef fa3c_status (*fa3c_fwd_launcher)(const fa3c_fwd_kernel_params *p, void *stream);
 
-/* X(name, dtype, hdim, BLOCK_N, wide). wide = 1: a wider key tile that pays
- * only for long non-causal attention (bench/RESULTS.md: N 176 for hdim 128,
- * +5% at 8k, slower at 512 and causal); backend.c picks it for those calls. */
+/* X(name, dtype, hdim, BLOCK_N). (A wider 176-key hdim-128 tile for long
+ * non-causal calls was +5% at 8k until the TMA-store epilogue, which has no
+ * smem next to it; after that it was even at 8k and 4% slower at 2k:
+ * removed, bench/RESULTS.md run 19.) */
 #define FA3C_FWD_INSTANCE_LIST(X) \
-    X(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0) \
-    X(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96), 0) \
-    X(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128), 0) \
-    X(bf16_hdim128_n176, FA3C_DTYPE_BF16, 128, 176, 1) \
-    X(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192), 0) \
-    X(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256), 0) \
-    X(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64), 0) \
-    X(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96), 0) \
-    X(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128), 0) \
-    X(fp16_hdim128_n176, FA3C_DTYPE_FP16, 128, 176, 1) \
-    X(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 0) \
-    X(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 0)
+    X(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64)) \
+    X(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96)) \
+    X(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128)) \
+    X(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192)) \
+    X(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256)) \
+    X(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64)) \
+    X(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96)) \
+    X(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128)) \
+    X(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192)) \
+    X(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256))
 
-#define FA3C_DECLARE_FWD(name, dtype, hdim, block_n, wide) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);
+#define FA3C_DECLARE_FWD(name, dtype, hdim, block_n) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);
 FA3C_FWD_INSTANCE_LIST(FA3C_DECLARE_FWD)
 #undef FA3C_DECLARE_FWD
 

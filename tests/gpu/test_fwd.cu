@@ -321,18 +321,18 @@ TEST(fwd_persistent_many_tiles) {
     run_case("many tiles causal", c);
 }
 
-TEST(fwd_long_noncausal_wide_tile) {
+TEST(fwd_long_noncausal) {
     REQUIRE_SM90();
-    // seqlen_k >= 2048, non-causal, no window: the BLOCK_N 176 hdim-128 instance
-    // (2500 keys: a partial last tile); the window case takes the default tile.
-    run_case("wide tile bf16", base_case(BF16, 1, 300, 2500, 2, 128));
+    // seqlen_k >= 2048, non-causal: a partial last key block (2500 keys), GQA
+    // with softcap in fp16, and a window over long keys.
+    run_case("long keys bf16", base_case(BF16, 1, 300, 2500, 2, 128));
     fwd_case c = base_case(FP16, 2, 129, 2048, 4, 128);
     c.heads_kv = 2;
     c.softcap = 20.f;
-    run_case("wide tile fp16 gqa softcap", c);
+    run_case("long keys fp16 gqa softcap", c);
     c = base_case(BF16, 1, 200, 2200, 2, 128);
     c.window_left = 300;
-    run_case("window, default tile", c);
+    run_case("long keys, window", c);
 }
 
 TEST(fwd_padded_output_rows) {
