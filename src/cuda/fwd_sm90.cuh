@@ -1,6 +1,8 @@
 // The FlashAttention-3 forward kernel for sm_90a (bf16 / fp16).
 //
-// One CTA computes BLOCK_M = 128 query rows of one (batch, head):
+// One CTA computes BLOCK_M = 128 query rows of one (batch, head) (or of a
+// GQA group: rows are (query, head) pairs, fwd_params.h), against all keys or
+// one split-KV range of them:
 //   warpgroup 0  producer: one thread streams Q once, then K and V tiles
 //                through a ring of STAGES smem slots with TMA (mbarriers);
 //   warpgroups 1, 2  consumers: 64 rows each. Per key block:
@@ -13,7 +15,8 @@
 //   pingpong: named barriers make the two consumer warpgroups take turns
 //     issuing GEMMs, so one's softmax runs under the other's GEMMs.
 // Key blocks run from the last to the first, so the masked diagonal/edge
-// blocks come first and the steady state runs unmasked.
+// blocks come first and the steady state runs unmasked. O leaves through
+// smem and TMA stores where the smem has room (store_tile_tma).
 #pragma once
 #include "ptx.cuh"
 #include "wgmma.cuh"
@@ -30,7 +33,7 @@ enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4 };
 
 // O staging for the TMA-store epilogue: 64 rows x D per consumer warpgroup,
 // as D / 64 boxes of 64 rows x 128 B (128-byte swizzle). Empty where the
-// smem has no room (the ring and Q take it: hdim 192, 256, and N 176) or D
+// smem has no room (the ring and Q take it: hdim 192, 256) or D
 // is not a multiple of 64 (hdim 96): those store O from registers.
 template <int D, int BLOCK_N, int STAGES>
 constexpr int o_staging_bytes() {
