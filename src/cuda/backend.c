@@ -291,6 +291,11 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     cudaError_t e = cudaMallocAsync(&ws, rows * (pr->headdim + 1) * sizeof(float), (cudaStream_t)stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
+        if (p->num_splits == 0) {   /* auto: run unsplit rather than fail */
+            fa3c_fwd_params unsplit = *p;
+            unsplit.num_splits = 1;
+            return fa3c_cuda_fwd(&unsplit, stream);
+        }
         return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
                           "split-KV: cudaMallocAsync of %zu B for the partial results of %d splits failed: %s",
                           rows * (pr->headdim + 1) * sizeof(float), k.num_splits, cudaGetErrorString(e));
