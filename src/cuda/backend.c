@@ -229,10 +229,10 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     memset(&k, 0, sizeof k);
     k.pack = gqa_pack(pr);
     if (k.pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
-                                               pr->headdim, cols, block_m) != FA3C_STATUS_OK)
+                                             pr->headdim, cols, block_m) != FA3C_STATUS_OK)
         k.pack = 1;   /* strides the 5-D map can't take: no packing */
     if ((k.pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
-                                                      pr->headdim, cols, block_m))) ||
+                                                    pr->headdim, cols, block_m))) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
                                   cols, block_n)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,

@@ -74,7 +74,7 @@ fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_
 }
 
 fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
-                                     int heads, int pack, int headdim, int box_cols, int box_rows) {
+                                   int heads, int pack, int headdim, int box_cols, int box_rows) {
     cuuint64_t s[3];   /* bytes: seqlen, heads, batch */
     fa3c_status st = tma_strides(name, t, 2, batch, seqlen, heads, s);
     if (st != FA3C_STATUS_OK) return st;

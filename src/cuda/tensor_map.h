@@ -24,7 +24,7 @@ fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_
  * of a group of `pack` consecutive heads (GQA packing; pack = 1: box_rows
  * queries of one head). box_rows must be a multiple of pack. */
 fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
-                                     int heads, int pack, int headdim, int box_cols, int box_rows);
+                                   int heads, int pack, int headdim, int box_cols, int box_rows);
 
 /* NOT_SUPPORTED (with a message naming `name`) unless t's strides suit TMA:
  * positive multiples of 16 bytes for every dim of extent > 1. */
