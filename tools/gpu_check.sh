@@ -4,6 +4,8 @@
 # last. Every GPU command runs under `timeout`, and the test build traps on a
 # stuck barrier wait (FA3C_DEBUG_HANGS), so a deadlock costs seconds.
 #   bash tools/gpu_check.sh [quick|full]   (quick: fewer benchmark shapes)
+# EXTRA_FLAGS="-DKNOB=V ...": compile-time knobs (src/cuda/fwd_tiles.h) for
+# both builds, to test an experiment's correctness before it becomes a default.
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-$PWD/gpu-out}
@@ -17,9 +19,13 @@ head -15 "$OUT/env.log"
 
 # 1. Two builds: tests with hang traps, benchmark without.
 t0=$(date +%s)
-timeout 480 cmake -S . -B build-gpu-debug -DFA3C_DEBUG_HANGS=ON >"$OUT/build_debug.log" 2>&1 &&
+flags=${EXTRA_FLAGS:-}
+[ -n "$flags" ] && echo "== EXTRA_FLAGS: $flags"
+timeout 480 cmake -S . -B build-gpu-debug -DFA3C_DEBUG_HANGS=ON "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
+  >"$OUT/build_debug.log" 2>&1 &&
   timeout 480 cmake --build build-gpu-debug -j"$J" >>"$OUT/build_debug.log" 2>&1 &&
-  timeout 480 cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF >>"$OUT/build.log" 2>&1 &&
+  timeout 480 cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
+    >>"$OUT/build.log" 2>&1 &&
   timeout 480 cmake --build build-gpu -j"$J" >>"$OUT/build.log" 2>&1
 build_rc=$?
 # Counted on the release build: the hang-trap build's printf makes ptxas serialize wgmma (C7510) and spill.

@@ -431,7 +431,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
-        rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
+        if (needs_rescale(rescale)) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
@@ -456,7 +456,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    rescale_output<D>(o, rescale);
+    if (needs_rescale(rescale)) rescale_output<D>(o, rescale);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();

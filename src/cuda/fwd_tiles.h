@@ -71,6 +71,15 @@
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
+/* > 0: lazy rescaling (softmax.cuh): a row keeps its running max until a
+ * block's max exceeds it by more than this many powers of 2, and O is
+ * rescaled only when some row of the thread moved its max. Saves the D / 2
+ * multiplies of O per key block once the max has settled (the softmax is
+ * issue-bound, bench/RESULTS.md runs 15-16). 0: the max always follows
+ * (exact FA2/FA3 order). An experiment: not yet measured or GPU-tested. */
+#ifndef FA3C_FWD_LAZY_RESCALE
+#define FA3C_FWD_LAZY_RESCALE 0
+#endif
 /* 1: where the smem has room for O (hdim 64 and 128 with N 128), the
  * epilogue stages O in smem (stmatrix) and writes it with TMA stores,
  * instead of 16-byte stores from registers after a shuffle transpose;
