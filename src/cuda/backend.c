@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "fwd_combine.h"
 #include "fwd_params.h"
+#include "fwd_plan.h"
 #include "fwd_tiles.h"
 #include "instances.h"
 #include "tensor_map.h"
@@ -54,82 +55,17 @@ static const fwd_instance fwd_instances[] = {
 #endif
     {FA3C_DTYPE_FP32, 0, 0, NULL}};
 
-/* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
- * as keep their K and V within a quarter of the L2 (two sections may be in
- * flight at once, and Q and O stream through the L2 too). At least one pair;
- * -DFA3C_FWD_L2_SECTIONS=0 makes one section of all pairs (the old order). */
-#ifndef FA3C_FWD_L2_SECTIONS
-#define FA3C_FWD_L2_SECTIONS 1
-#endif
-static int l2_section_heads(const fa3c_problem *pr, int pack) {
-    long long pairs = (long long)pr->batch * (pr->heads_q / pack);
-    int dev = 0, l2 = 0;
-    if (!FA3C_FWD_L2_SECTIONS || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 <= 0) {
+/* The SM count and L2 size of the current device (0 where unknown). */
+static fa3c_fwd_plan_facts device_facts(void) {
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
         cudaGetLastError();
-        return (int)pairs;
+        f.sms = f.l2_bytes = 0;
     }
-    /* K and V bytes per (batch, head or group): GQA heads that share a KV head share them. */
-    double kv_bytes = 2.0 * pr->seqlen_k * pr->headdim * 2 * pack / (pr->heads_q / pr->heads_kv);
-    double fit = (l2 / 4.0) / kv_bytes;
-    return fit < 1.0 ? 1 : fit >= (double)pairs ? (int)pairs : (int)fit;
-}
-
-/* GQA packing (fwd_params.h): the query heads that share a KV head go into
- * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
- * short (decode): each K/V block is then loaded once for all of them, and
- * the tile's rows are used. The group must divide the tile's rows (the Q
- * box is {pack, BLOCK_M / pack} rows). */
-static int gqa_pack(const fa3c_problem *pr) {
-    int group = pr->heads_q / pr->heads_kv, block_m = FA3C_FWD_BLOCK_M(pr->headdim);
-    if (group == 1 || block_m % group != 0 || (long long)pr->seqlen_q * group > INT32_MAX) return 1;
-    long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
-    long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
-    return packed < unpacked ? group : 1;
-}
-
-/* Split-KV: how many key ranges. num_splits = 1: one; n > 1: n (at most one
- * per key block, and at most MAX_SPLITS); 0 (auto): split only when the
- * tiles leave SMs idle (decode, short prefill of few heads), into as many
- * ranges as fill the SMs once, each at least MIN_BLOCKS_PER_SPLIT key blocks
- * long so that the extra pass pays. */
-enum { MAX_SPLITS = FA3C_MAX_SPLITS, MIN_BLOCKS_PER_SPLIT = 4 };
-
-static int num_key_splits(const fa3c_fwd_params *p, long long tiles, int key_blocks) {
-    int splits = p->num_splits;
-    if (splits == 0) {
-        int dev = 0, sms = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
-            cudaGetLastError();
-            return 1;
-        }
-        if (tiles * 5 >= (long long)sms * 4) return 1;   /* 80% of the SMs busy already */
-        long long fill = sms / tiles, most = key_blocks / MIN_BLOCKS_PER_SPLIT;
-        splits = (int)(fill < most ? fill : most);
-    }
-    if (splits > key_blocks) splits = key_blocks;
-    if (splits > MAX_SPLITS) splits = MAX_SPLITS;
-    return splits < 1 ? 1 : splits;
-}
-
-/* The tile order's constants and divisors (fwd_params.h, scheduler.cuh),
- * from pack, groups, num_m_blocks, num_splits, num_tiles and section_heads. */
-static void fill_schedule(fa3c_fwd_kernel_params *k) {
-    int pairs = k->batch * k->groups;
-    k->div_splits = fa3c_fast_div_make(k->num_splits);
-    k->div_pack = fa3c_fast_div_make(k->pack);
-    k->div_group_size = fa3c_fast_div_make(k->heads_q / k->heads_kv);
-    k->div_groups = fa3c_fast_div_make(k->groups);
-    k->div_section_tiles = fa3c_fast_div_make(k->section_heads * k->num_m_blocks);
-    k->div_section_width = fa3c_fast_div_make(k->section_heads);
-    k->full_pair_sections = pairs / k->section_heads;
-    k->div_last_width = fa3c_fast_div_make(pairs % k->section_heads ? pairs % k->section_heads : k->section_heads);
-    int per_section = k->section_heads * k->num_m_blocks * k->num_splits;
-    k->div_pairs_per_section = fa3c_fast_div_make((per_section + 1) / 2);
-    k->full_tile_sections = k->num_tiles / per_section;
-    k->last_section_tiles = k->num_tiles % per_section;
-    k->tile_pairs = k->full_tile_sections * ((per_section + 1) / 2) + (k->last_section_tiles + 1) / 2;
+    return f;
 }
 
 /* The instance for this call (one per dtype and head dim in this build). */
@@ -227,16 +163,20 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(pr->headdim), cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
-    k.pack = gqa_pack(pr);
-    if (k.pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
-                                             pr->headdim, cols, block_m) != FA3C_STATUS_OK)
-        k.pack = 1;   /* strides the 5-D map can't take: no packing */
-    if ((k.pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
-                                                    pr->headdim, cols, block_m))) ||
+    fa3c_fwd_plan_facts facts = device_facts();
+    facts.block_m = block_m;
+    facts.block_n = block_n;
+    int pack = fa3c_fwd_plan_pack(pr, block_m);
+    if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, pack,
+                                           pr->headdim, cols, block_m) != FA3C_STATUS_OK)
+        pack = 1;   /* strides the 5-D map can't take: no packing */
+    if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
+                                                  pr->headdim, cols, block_m))) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
                                   cols, block_n)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  cols, block_n)))
+                                  cols, block_n)) ||
+        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))
         return s;
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];
@@ -245,24 +185,6 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && p->out.stride[0] % 8 == 0 && p->out.stride[1] % 8 == 0 &&
                   p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
-    k.batch = pr->batch;
-    k.seqlen_q = pr->seqlen_q;
-    k.seqlen_k = pr->seqlen_k;
-    k.heads_q = pr->heads_q;
-    k.heads_kv = pr->heads_kv;
-    k.groups = pr->heads_q / k.pack;
-    k.rows = pr->seqlen_q * k.pack;
-    k.num_m_blocks = (k.rows + block_m - 1) / block_m;
-    long long tiles = (long long)k.num_m_blocks * pr->batch * k.groups;
-    int key_blocks = (pr->seqlen_k + block_n - 1) / block_n;
-    k.num_splits = num_key_splits(p, tiles, key_blocks);
-    k.blocks_per_split = (key_blocks + k.num_splits - 1) / k.num_splits;
-    k.num_splits = (key_blocks + k.blocks_per_split - 1) / k.blocks_per_split;   /* no split without keys */
-    if (tiles * k.num_splits > INT32_MAX)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows", block_m);
-    k.num_tiles = (int)(tiles * k.num_splits);
-    k.section_heads = l2_section_heads(pr, k.pack);
-    fill_schedule(&k);
     /* O through TMA stores (instances with smem for it, fwd_sm90.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
@@ -280,8 +202,6 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         k.score_log2 = pr->softmax_scale * log2e;
         k.lse_scale = pr->softmax_scale;
     }
-    k.window_left = pr->window_left;
-    k.window_right = pr->causal ? 0 : pr->window_right;
     if (k.num_splits == 1) return inst->launch(&k, stream);
 
     /* Split-KV: the partial results live in stream-ordered memory from the

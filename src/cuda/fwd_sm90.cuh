@@ -119,7 +119,7 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     int ring = 0, q_uses = 0;
-    for (int step = 0, tile; (tile = tile_of_step(p, step)) != NO_MORE_TILES; step++) {
+    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
@@ -511,7 +511,7 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
-    for (int step = 0, tile; (tile = tile_of_step(p, step)) != NO_MORE_TILES; step++) {
+    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t))

@@ -10,10 +10,10 @@
 
 // The query index of tile row `row` (GQA packing puts p.pack heads of one
 // query on consecutive rows).
-FA3C_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return fa3c_div(row, p.div_pack); }
+FA3C_HOST_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return fa3c_div(row, p.div_pack); }
 
 // Inclusive key range of tile row `row`.
-FA3C_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {
+FA3C_HOST_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {
     int diag = query_of_row(p, row) + p.seqlen_k - p.seqlen_q;
     lo = p.window_left >= 0 ? max(diag - p.window_left, 0) : 0;
     hi = p.window_right >= 0 ? min(diag + p.window_right, p.seqlen_k - 1) : p.seqlen_k - 1;
@@ -21,12 +21,12 @@ FA3C_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, in
 
 // Last real row of the CTA's rows [m0, m0 + block_m): rows past the end are
 // computed (their Q rows read as zeros) but never written.
-FA3C_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block_m) {
+FA3C_HOST_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block_m) {
     return min(m0 + block_m, p.rows) - 1;
 }
 
 // Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) need at all.
-FA3C_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
+FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
                                  int &n_begin, int &n_end) {
     int lo_first, hi_first, lo_last, hi_last;
     key_range(p, m0, lo_first, hi_first);
@@ -40,7 +40,7 @@ FA3C_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int bl
 // the CTA: the steady state, where the mask is skipped. lo and hi grow with
 // the row, so the tightest bounds are the last row's lo and the first row's
 // hi. Computed once per tile, so the per-block test is two compares.
-FA3C_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
+FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
                                       int &u_begin, int &u_end) {
     int lo_first, hi_first, lo_last, hi_last;
     key_range(p, m0, lo_first, hi_first);

@@ -8,6 +8,8 @@
 #include <cuda.h>   // CUtensorMap (types only)
 
 #define FA3C_DEVICE static __device__ __forceinline__
+// Pure arithmetic that host tests call too (scheduler.cuh, mask.cuh).
+#define FA3C_HOST_DEVICE static __host__ __device__ __forceinline__
 
 FA3C_DEVICE uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

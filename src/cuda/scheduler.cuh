@@ -36,16 +36,16 @@ struct FwdTile {
     int u_begin, u_end;         // key blocks with nothing masked (mask skipped)
 };
 
-FA3C_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_tiles; }
+FA3C_HOST_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_tiles; }
 
 // Tiles of one L2 section: the splits of every row block of its pairs.
-FA3C_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
+FA3C_HOST_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
     return p.section_heads * p.num_m_blocks * p.num_splits;
 }
 
 // The splits of one (batch, group, row block) are consecutive tile numbers.
 // Divisions by launch constants go through fast_div.h.
-FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
+FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
     t.split = fa3c_mod(tile, p.div_splits);
     tile = fa3c_div(tile, p.div_splits);
@@ -65,26 +65,39 @@ FA3C_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block
     return t;
 }
 
-FA3C_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; }
+FA3C_HOST_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; }
 
 // 1 when some element of key block n is masked for some row of the tile
 // (uniform over the CTA, so the mask is skipped without divergence).
-FA3C_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
+FA3C_HOST_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
 
-// The tile of this CTA's step-th step: a tile number, SKIP_STEP for the
+// Which CTA of how many: read from the hardware in the kernel (only where
+// needed), given by a host test.
+struct KernelCta {
+    __device__ __forceinline__ int grid() const { return (int)gridDim.x; }
+    __device__ __forceinline__ int index() const { return (int)blockIdx.x; }
+};
+struct HostCta {
+    int grid_size, cta_index;
+    __host__ __device__ __forceinline__ int grid() const { return grid_size; }
+    __host__ __device__ __forceinline__ int index() const { return cta_index; }
+};
+
+// The tile of the CTA's step-th step: a tile number, SKIP_STEP for the
 // missing partner of an odd section's middle tile, or NO_MORE_TILES.
 // Producer and consumers walk the same steps.
 enum { NO_MORE_TILES = -1, SKIP_STEP = -2 };
-FA3C_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step) {
+template <class Cta>
+FA3C_HOST_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step, const Cta &cta) {
     // One CTA per tile (not persistent, or no more tiles than CTAs).
-    if (!FA3C_FWD_PERSISTENT || num_tiles(p) <= (int)gridDim.x)
-        return step == 0 && (int)blockIdx.x < num_tiles(p) ? (int)blockIdx.x : NO_MORE_TILES;
+    if (!FA3C_FWD_PERSISTENT || num_tiles(p) <= cta.grid())
+        return step == 0 && cta.index() < num_tiles(p) ? cta.index() : NO_MORE_TILES;
     bool uneven = p.window_left >= 0 || p.window_right >= 0;   // causal is window_right = 0
     if (!uneven) {
-        int tile = step * (int)gridDim.x + (int)blockIdx.x;
+        int tile = step * cta.grid() + cta.index();
         return tile < num_tiles(p) ? tile : NO_MORE_TILES;
     }
-    int slot = (step >> 1) * (int)gridDim.x + (int)blockIdx.x;
+    int slot = (step >> 1) * cta.grid() + cta.index();
     if (slot >= p.tile_pairs) return NO_MORE_TILES;
     int section = fa3c_div(slot, p.div_pairs_per_section), k = fa3c_mod(slot, p.div_pairs_per_section);
     int per_section = tiles_per_section(p);

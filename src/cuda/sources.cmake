@@ -9,7 +9,7 @@ else()
   set(_fa3c_selected ${FA3C_INSTANCES})
 endif()
 set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c
-                      ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu)
+                      ${PROJECT_SOURCE_DIR}/src/cuda/fwd_plan.c ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu)
 set(_fa3c_defs "")
 foreach(inst ${_fa3c_selected})
   if(NOT inst IN_LIST FA3C_ALL_INSTANCES)

@@ -1,0 +1,100 @@
+/* The forward kernel's tile plan (see fwd_plan.h). */
+#include "fwd_plan.h"
+
+#include <stdint.h>
+#include "backend.h"
+#include "fwd_combine.h"
+
+/* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
+ * as keep their K and V within a quarter of the L2 (two sections may be in
+ * flight at once, and Q and O stream through the L2 too). At least one pair;
+ * -DFA3C_FWD_L2_SECTIONS=0 makes one section of all pairs (the old order). */
+#ifndef FA3C_FWD_L2_SECTIONS
+#define FA3C_FWD_L2_SECTIONS 1
+#endif
+static int l2_section_heads(const fa3c_problem *pr, int pack, int l2_bytes) {
+    long long pairs = (long long)pr->batch * (pr->heads_q / pack);
+    if (!FA3C_FWD_L2_SECTIONS || l2_bytes <= 0) return (int)pairs;
+    /* K and V bytes per (batch, head or group): GQA heads that share a KV head share them. */
+    double kv_bytes = 2.0 * pr->seqlen_k * pr->headdim * 2 * pack / (pr->heads_q / pr->heads_kv);
+    double fit = (l2_bytes / 4.0) / kv_bytes;
+    return fit < 1.0 ? 1 : fit >= (double)pairs ? (int)pairs : (int)fit;
+}
+
+/* GQA packing (fwd_params.h): the query heads that share a KV head go into
+ * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
+ * short (decode): each K/V block is then loaded once for all of them, and
+ * the tile's rows are used. The group must divide the tile's rows (the Q
+ * box is {pack, BLOCK_M / pack} rows). */
+int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m) {
+    int group = pr->heads_q / pr->heads_kv;
+    if (group == 1 || block_m % group != 0 || (long long)pr->seqlen_q * group > INT32_MAX) return 1;
+    long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
+    long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
+    return packed < unpacked ? group : 1;
+}
+
+/* Split-KV: how many key ranges. num_splits = 1: one; n > 1: n (at most one
+ * per key block, and at most MAX_SPLITS); 0 (auto): split only when the
+ * tiles leave SMs idle (decode, short prefill of few heads), into as many
+ * ranges as fill the SMs once, each at least MIN_BLOCKS_PER_SPLIT key blocks
+ * long so that the extra pass pays. */
+enum { MAX_SPLITS = FA3C_MAX_SPLITS, MIN_BLOCKS_PER_SPLIT = 4 };
+
+static int num_key_splits(int requested, long long tiles, int key_blocks, int sms) {
+    int splits = requested;
+    if (splits == 0) {
+        if (sms <= 0 || tiles * 5 >= (long long)sms * 4) return 1;   /* 80% of the SMs busy already */
+        long long fill = sms / tiles, most = key_blocks / MIN_BLOCKS_PER_SPLIT;
+        splits = (int)(fill < most ? fill : most);
+    }
+    if (splits > key_blocks) splits = key_blocks;
+    if (splits > MAX_SPLITS) splits = MAX_SPLITS;
+    return splits < 1 ? 1 : splits;
+}
+
+/* The tile order's constants and divisors (fwd_params.h, scheduler.cuh),
+ * from pack, groups, num_m_blocks, num_splits, num_tiles and section_heads. */
+static void fill_schedule(fa3c_fwd_kernel_params *k) {
+    int pairs = k->batch * k->groups;
+    k->div_splits = fa3c_fast_div_make(k->num_splits);
+    k->div_pack = fa3c_fast_div_make(k->pack);
+    k->div_group_size = fa3c_fast_div_make(k->heads_q / k->heads_kv);
+    k->div_groups = fa3c_fast_div_make(k->groups);
+    k->div_section_tiles = fa3c_fast_div_make(k->section_heads * k->num_m_blocks);
+    k->div_section_width = fa3c_fast_div_make(k->section_heads);
+    k->full_pair_sections = pairs / k->section_heads;
+    k->div_last_width = fa3c_fast_div_make(pairs % k->section_heads ? pairs % k->section_heads : k->section_heads);
+    int per_section = k->section_heads * k->num_m_blocks * k->num_splits;
+    k->div_pairs_per_section = fa3c_fast_div_make((per_section + 1) / 2);
+    k->full_tile_sections = k->num_tiles / per_section;
+    k->last_section_tiles = k->num_tiles % per_section;
+    k->tile_pairs = k->full_tile_sections * ((per_section + 1) / 2) + (k->last_section_tiles + 1) / 2;
+}
+
+fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, int pack, int num_splits,
+                                const fa3c_fwd_plan_facts *facts) {
+    k->batch = pr->batch;
+    k->seqlen_q = pr->seqlen_q;
+    k->seqlen_k = pr->seqlen_k;
+    k->heads_q = pr->heads_q;
+    k->heads_kv = pr->heads_kv;
+    k->window_left = pr->window_left;
+    k->window_right = pr->causal ? 0 : pr->window_right;
+    k->pack = pack;
+    k->groups = pr->heads_q / pack;
+    k->rows = pr->seqlen_q * pack;
+    k->num_m_blocks = (k->rows + facts->block_m - 1) / facts->block_m;
+    long long tiles = (long long)k->num_m_blocks * pr->batch * k->groups;
+    int key_blocks = (pr->seqlen_k + facts->block_n - 1) / facts->block_n;
+    k->num_splits = num_key_splits(num_splits, tiles, key_blocks, facts->sms);
+    k->blocks_per_split = (key_blocks + k->num_splits - 1) / k->num_splits;
+    k->num_splits = (key_blocks + k->blocks_per_split - 1) / k->blocks_per_split;   /* no split without keys */
+    if (tiles * k->num_splits > INT32_MAX)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
+                          facts->block_m);
+    k->num_tiles = (int)(tiles * k->num_splits);
+    k->section_heads = l2_section_heads(pr, pack, facts->l2_bytes);
+    fill_schedule(k);
+    return FA3C_STATUS_OK;
+}

@@ -1,0 +1,171 @@
+// The forward kernel's tile plan (src/cuda/fwd_plan.c) and its scheduler
+// (scheduler.cuh, mask.cuh: the same host/device functions the kernel runs),
+// checked on the CPU: no GPU needed, so these run in CI too. For random
+// problems (GQA packing, split-KV, causal, windows, L2 sections, persistent
+// grids smaller and larger than the tile count):
+//   - the CTAs' steps visit every tile exactly once;
+//   - every tile names a valid (batch, group, row block, split);
+//   - the splits of a row block cover exactly the key blocks its rows need,
+//     without overlap;
+//   - the key blocks said to need no mask need none for any row, and every
+//     key a row may see lies in the tile's blocks.
+#include <string.h>
+#include "harness.h"
+#include "testutil.h"
+#include "cuda/fwd_plan.h"
+#include "cuda/fwd_tiles.h"
+#include "cuda/scheduler.cuh"
+
+typedef struct {
+    fa3c_problem pr;
+    int num_splits, sms, l2_bytes, block_m, block_n;
+} plan_case;
+
+static plan_case random_case(void) {
+    plan_case c;
+    memset(&c, 0, sizeof c);
+    const int hdims[] = {64, 96, 128, 192, 256};
+    c.pr.headdim = hdims[tu_rand_int(0, 4)];
+    c.pr.batch = tu_rand_int(1, 4);
+    c.pr.heads_kv = tu_rand_int(1, 4);
+    const int groups[] = {1, 1, 2, 3, 4, 6, 8, 16, 32};
+    c.pr.heads_q = c.pr.heads_kv * groups[tu_rand_int(0, 8)];
+    int decode = tu_rand_int(0, 2) == 0;
+    c.pr.seqlen_q = decode ? tu_rand_int(1, 5) : tu_rand_int(1, 700);
+    c.pr.seqlen_k = tu_rand_int(1, 3000);
+    c.pr.window_left = c.pr.window_right = -1;
+    switch (tu_rand_int(0, 3)) {
+    case 1: c.pr.causal = 1; break;
+    case 2: c.pr.window_left = tu_rand_int(0, 300); c.pr.window_right = tu_rand_int(0, 50); break;
+    case 3: c.pr.causal = 1; c.pr.window_left = tu_rand_int(0, 300); break;
+    default: break;
+    }
+    const int splits[] = {0, 0, 1, 2, 3, 7, 64};
+    c.num_splits = splits[tu_rand_int(0, 6)];
+    const int sms[] = {132, 132, 7, 1000, 0};
+    c.sms = sms[tu_rand_int(0, 4)];
+    const int l2[] = {50 << 20, 1 << 20, 0};
+    c.l2_bytes = l2[tu_rand_int(0, 2)];
+    c.block_m = FA3C_FWD_BLOCK_M(c.pr.headdim);
+    c.block_n = FA3C_FWD_BLOCK_N(c.pr.headdim);
+    return c;
+}
+
+// Checks one plan; returns 0 (after CHECK failures) when something is wrong.
+static int check_plan(const plan_case *c) {
+    const fa3c_problem *pr = &c->pr;
+    fa3c_fwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n};
+    int pack = fa3c_fwd_plan_pack(pr, c->block_m);
+    fa3c_status st = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts);
+    char what[200];
+    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d",
+             pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
+             pr->window_left, pr->window_right, c->num_splits, c->sms, c->l2_bytes);
+    CHECK(st == FA3C_STATUS_OK, "%s: plan failed", what);
+    if (st != FA3C_STATUS_OK) return 0;
+    CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
+    CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
+          p.num_splits);
+
+    // The launch's grid (fwd_launch.cuh): one CTA per tile, at most one per SM.
+    int grid = p.num_tiles;
+    if (FA3C_FWD_PERSISTENT && c->sms > 0 && c->sms < grid) grid = c->sms;
+    int *visits = (int *)calloc((size_t)p.num_tiles, sizeof(int));
+    for (int cta = 0; cta < grid; cta++)
+        for (int step = 0;; step++) {
+            int tile = tile_of_step(p, step, HostCta{grid, cta});
+            if (tile == NO_MORE_TILES) break;
+            if (tile == SKIP_STEP) continue;
+            CHECK(tile >= 0 && tile < p.num_tiles, "%s: cta %d step %d: tile %d of %d", what, cta, step, tile,
+                  p.num_tiles);
+            if (tile < 0 || tile >= p.num_tiles) { free(visits); return 0; }
+            visits[tile]++;
+        }
+    int ok = 1;
+    for (int i = 0; i < p.num_tiles && ok; i++) {
+        CHECK(visits[i] == 1, "%s: tile %d visited %d times", what, i, visits[i]);
+        ok = visits[i] == 1;
+    }
+    free(visits);
+    if (!ok) return 0;
+
+    // Every tile: valid indices; per row block, the splits' key ranges tile
+    // the needed range; masks and key ranges agree with the rows' keys.
+    const int key_blocks = (pr->seqlen_k + c->block_n - 1) / c->block_n;
+    const int row_blocks = p.batch * p.groups * p.num_m_blocks;
+    int *covered = (int *)calloc((size_t)row_blocks * key_blocks, sizeof(int));
+    for (int tile = 0; tile < p.num_tiles && ok; tile++) {
+        FwdTile t = tile_at(p, tile, c->block_m, c->block_n);
+        ok = t.batch >= 0 && t.batch < p.batch && t.group >= 0 && t.group < p.groups && t.head == t.group * pack &&
+             t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && t.m0 % c->block_m == 0 && t.m0 >= 0 &&
+             t.m0 < p.rows && t.split >= 0 && t.split < p.num_splits;
+        CHECK(ok, "%s: tile %d -> batch %d group %d head %d kv %d m0 %d split %d", what, tile, t.batch, t.group,
+              t.head, t.head_kv, t.m0, t.split);
+        if (!ok) break;
+        int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + t.m0 / c->block_m;
+        for (int n = t.n_begin; n < t.n_end; n++) covered[(size_t)rb * key_blocks + n]++;
+        int full_begin, full_end;
+        key_block_range(p, t.m0, c->block_m, c->block_n, full_begin, full_end);
+        int last = last_row(p, t.m0, c->block_m);
+        for (int row = t.m0; row <= last && ok; row++) {
+            int lo, hi;
+            key_range(p, row, lo, hi);
+            if (lo > hi) continue;   // a fully masked row
+            ok = lo / c->block_n >= full_begin && hi / c->block_n < full_end;
+            CHECK(ok, "%s: row %d keys [%d, %d] outside blocks [%d, %d)", what, row, lo, hi, full_begin, full_end);
+            for (int n = t.u_begin; n < t.u_end && ok; n++) {
+                ok = lo <= n * c->block_n && (n + 1) * c->block_n - 1 <= hi;
+                CHECK(ok, "%s: row %d keys [%d, %d], block %d said unmasked", what, row, lo, hi, n);
+            }
+        }
+    }
+    for (int rb = 0; rb < row_blocks && ok; rb++) {
+        int m0 = rb % p.num_m_blocks * c->block_m, begin, end;
+        key_block_range(p, m0, c->block_m, c->block_n, begin, end);
+        for (int n = 0; n < key_blocks && ok; n++) {
+            int want = n >= begin && n < end;
+            ok = covered[(size_t)rb * key_blocks + n] == want;
+            CHECK(ok, "%s: row block %d, key block %d covered %d times (want %d)", what, rb, n,
+                  covered[(size_t)rb * key_blocks + n], want);
+        }
+    }
+    free(covered);
+    return ok;
+}
+
+TEST(scheduler_random_plans) {
+    for (int i = 0; i < 3000; i++) {
+        plan_case c = random_case();
+        if (!check_plan(&c)) return;
+    }
+}
+
+TEST(scheduler_decode_packs_and_splits) {
+    // Decode with GQA: one packed tile per KV head, split to fill the SMs.
+    plan_case c;
+    memset(&c, 0, sizeof c);
+    c.pr.headdim = 128;
+    c.pr.batch = 1;
+    c.pr.heads_q = 64;
+    c.pr.heads_kv = 8;
+    c.pr.seqlen_q = 1;
+    c.pr.seqlen_k = 131072;
+    c.pr.window_left = c.pr.window_right = -1;
+    c.sms = 132;
+    c.l2_bytes = 50 << 20;
+    c.block_m = FA3C_FWD_BLOCK_M(128);
+    c.block_n = FA3C_FWD_BLOCK_N(128);
+    fa3c_fwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n};
+    int pack = fa3c_fwd_plan_pack(&c.pr, c.block_m);
+    CHECK(pack == 8, "pack %d", pack);
+    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, pack, 0, &facts) == FA3C_STATUS_OK, "plan");
+    CHECK(p.num_tiles == 8 * 16 && p.num_splits == 16, "%d tiles, %d splits (want 128, 16)", p.num_tiles,
+          p.num_splits);
+    CHECK(check_plan(&c), "plan checks");
+}
+
+TEST_MAIN()
