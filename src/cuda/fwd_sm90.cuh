@@ -51,14 +51,28 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
-// Consumer c's staging buffer (64 rows x D), or NULL where there is none.
+// Where a consumer stages its 64 x D tile of O: `base` of the first 64-column
+// box (64 rows x 128 B), the next box `box_stride` bytes on; base NULL: no
+// staging (O goes out from registers).
+struct OStage {
+    uint8_t *base;
+    int box_stride;
+};
+
+// Consumer c's staging buffer, or none where there is none.
 template <int D, int BYTES>
 struct StagingOf {
-    FA3C_DEVICE uint8_t *get(OStaging<BYTES> &s, int consumer_index) { return s.o + consumer_index * 64 * D * 2; }
+    FA3C_DEVICE OStage get(OStaging<BYTES> &s, int consumer_index) {
+        OStage o = {s.o + consumer_index * 64 * D * 2, 64 * 128};
+        return o;
+    }
 };
 template <int D>
 struct StagingOf<D, 0> {
-    FA3C_DEVICE uint8_t *get(OStaging<0> &, int) { return nullptr; }
+    FA3C_DEVICE OStage get(OStaging<0> &, int) {
+        OStage o = {nullptr, 0};
+        return o;
+    }
 };
 
 template <int D, int BLOCK_N, int STAGES>
@@ -74,8 +88,19 @@ struct FwdSmem {
     OStaging<O_STAGING_BYTES> staging;
 };
 
+// FA3C_FWD_O_IN_Q: with no staging buffer, O is staged in the consumer's own
+// 64 Q rows (the Q tile's column chunks are BLOCK_M rows apart).
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
+constexpr bool o_in_q() {
+    return FA3C_FWD_O_IN_Q && FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES == 0 && D % 64 == 0;
+}
+
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE OStage o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
+    if (o_in_q<D, BLOCK_N, STAGES>()) {
+        OStage o = {sm.q + consumer_index * 64 * 128, FA3C_FWD_BLOCK_M(D) * 128};
+        return o;
+    }
     return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES>::get(sm.staging, consumer_index);
 }
 
@@ -299,7 +324,7 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
 // unit). The buffer is reused by the next tile, once the store has read it.
 template <int D, int FP16>
 FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
-                                const float inv[2], uint8_t *staging, int consumer_index) {
+                                const float inv[2], OStage stage, int consumer_index) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (tid == 0) tma_store_wait_read();   // the previous tile's store is done with the buffer
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
@@ -309,7 +334,7 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 #pragma unroll
     for (int c = 0; c < D / 8; c += 2) {
         int chunk = c + m / 2;
-        uint8_t *addr = staging + (chunk / 8) * 64 * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+        uint8_t *addr = stage.base + (chunk / 8) * stage.box_stride + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
         stmatrix_x4(addr, pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
                     pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
                     pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
@@ -320,21 +345,22 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
     if (tid == 0) {
         int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
 #pragma unroll
-        for (int b = 0; b < D / 64; b++) tma_store_5d(&p.o_map, staging + b * 64 * 128, b * 64, 0, query0, t.group, t.batch);
+        for (int b = 0; b < D / 64; b++)
+            tma_store_5d(&p.o_map, stage.base + b * stage.box_stride, b * 64, 0, query0, t.group, t.batch);
         tma_store_commit();
     }
 }
 
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
-// results (store_partial). Rows past the end are dropped. `staging`: this
-// warpgroup's O buffer (store_tile_tma), NULL where the instance has none.
+// results (store_partial). Rows past the end are dropped. `stage`: where
+// this warpgroup stages O for store_tile_tma (base NULL: nowhere).
 // Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, uint8_t *staging, int consumer_index) {
+                          int quad, OStage stage, int consumer_index) {
     float inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -347,8 +373,8 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         store_partial<D>(p, t, o, inv, lse, rows, quad);
         return;
     }
-    if (staging && p.out_tma) {
-        store_tile_tma<D, FP16>(p, t, o, inv, staging, consumer_index);
+    if (stage.base && p.out_tma) {
+        store_tile_tma<D, FP16>(p, t, o, inv, stage, consumer_index);
         write_lse(p, t, lse, rows, quad);
         return;
     }
@@ -449,7 +475,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         release(&sm.v_empty[prev]);
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
-    release(&sm.q_empty);                // every Q·Kᵀ of this tile has completed
+    // Every Q·Kᵀ of this tile has completed; with O staged in Q, Q is
+    // released after the epilogue's store has read it.
+    if (!o_in_q<D, BLOCK_N, STAGES>()) release(&sm.q_empty);
 
     // Last P·V.
     int last = stage_of(ring, STAGES);
@@ -466,6 +494,11 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     release(&sm.v_empty[last]);
 
     epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
+    if (o_in_q<D, BLOCK_N, STAGES>()) {
+        if (tid == 0) tma_store_wait_read();
+        named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
+        release(&sm.q_empty);
+    }
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
@@ -503,7 +536,10 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     SoftmaxState st;
     softmax_init(st);
-    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
+    // No Q was loaded for an empty tile: the Q rows may be refilled meanwhile.
+    OStage none = {nullptr, 0};
+    epilogue<D, FP16>(p, t, o, st, row0, quad, o_in_q<D, BLOCK_N, STAGES>() ? none : o_staging(sm, consumer_index),
+                      consumer_index);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>

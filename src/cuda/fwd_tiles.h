@@ -87,6 +87,14 @@
 #ifndef FA3C_FWD_TMA_STORE
 #define FA3C_FWD_TMA_STORE 1
 #endif
+/* 1: where there is no smem for a separate O staging buffer (hdim 192,
+ * 256), stage O in the warpgroup's own Q rows instead and release Q only
+ * once the TMA store has read them; the next tile's Q then loads after the
+ * epilogue instead of during the last P·V. An experiment: not yet measured
+ * or GPU-tested. */
+#ifndef FA3C_FWD_O_IN_Q
+#define FA3C_FWD_O_IN_Q 0
+#endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 
