@@ -4,12 +4,11 @@
 // O = sum_s exp(lse_s - lse) * O_s. One warp per output row; rows whose
 // every split saw no key (all lse_s = -inf) get O = 0 and lse = -inf, as in
 // the one-pass kernel.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include "backend.h"
 #include "fwd_combine.h"
+#include "ptx.cuh"
 
 enum { COMBINE_WARPS = 4 };
 
@@ -20,15 +19,6 @@ static __device__ __forceinline__ float warp_max(float x) {
 static __device__ __forceinline__ float warp_sum(float x) {
     for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(~0u, x, o);
     return x;
-}
-
-static __device__ __forceinline__ uint32_t pack_out(float a, float b, int fp16) {
-    if (fp16) {
-        __half2 h = __floats2half2_rn(a, b);
-        return *(uint32_t *)&h;
-    }
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(uint32_t *)&h;
 }
 
 // The split loop's loads are independent (the weights sit in smem), so
@@ -72,7 +62,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
             acc.x += w[s] * v.x;
             acc.y += w[s] * v.y;
         }
-        *(uint32_t *)(out + col) = pack_out(acc.x, acc.y, fp16);
+        *(uint32_t *)(out + col) = fp16 ? pack_f16x2(acc.x, acc.y) : pack_bf16x2(acc.x, acc.y);
     }
     if (p.lse && lane == 0) p.lse[row] = lse;
 }

@@ -12,15 +12,8 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
-    // Persistent: one CTA per SM walks the tiles; else one CTA per tile.
-    int grid = p->num_tiles;
-    if (FA3C_FWD_PERSISTENT) {
-        int dev = 0, sms = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0 && sms < grid)
-            grid = sms;
-    }
-    fwd_kernel<D, BLOCK_N, FP16><<<grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
+    // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
+    fwd_kernel<D, BLOCK_N, FP16><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));

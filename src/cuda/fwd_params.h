@@ -56,6 +56,7 @@ typedef struct fa3c_fwd_kernel_params {
     float softcap;                     /* 0 = off */
     float softcap_pre;                 /* softmax_scale / softcap */
     int window_left, window_right;     /* -1 = unbounded; causal is right = 0 */
+    int grid;                          /* CTAs to launch: one per tile, at most one per SM when persistent */
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus

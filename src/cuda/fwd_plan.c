@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include "backend.h"
 #include "fwd_combine.h"
+#include "fwd_tiles.h"
 
 /* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
  * as keep their K and V within a quarter of the L2 (two sections may be in
@@ -94,6 +95,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
                           facts->block_m);
     k->num_tiles = (int)(tiles * k->num_splits);
+    k->grid = FA3C_FWD_PERSISTENT && facts->sms > 0 && facts->sms < k->num_tiles ? facts->sms : k->num_tiles;
     k->section_heads = l2_section_heads(pr, pack, facts->l2_bytes);
     fill_schedule(k);
     return FA3C_STATUS_OK;

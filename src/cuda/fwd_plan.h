@@ -27,7 +27,7 @@ typedef struct fa3c_fwd_plan_facts {
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m);
 
 /* Fills k's batch, seqlens, heads, window (causal is window_right = 0),
- * pack (as given), groups, rows,
+ * pack (as given), groups, rows, grid,
  * num_m_blocks, num_splits, blocks_per_split, num_tiles, section_heads and
  * the order's constants. num_splits: the call's request (0 = auto).
  * NOT_SUPPORTED (with a message) when there would be 2^31 tiles or more. */

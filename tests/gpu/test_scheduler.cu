@@ -69,9 +69,10 @@ static int check_plan(const plan_case *c) {
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
           p.num_splits);
 
-    // The launch's grid (fwd_launch.cuh): one CTA per tile, at most one per SM.
-    int grid = p.num_tiles;
-    if (FA3C_FWD_PERSISTENT && c->sms > 0 && c->sms < grid) grid = c->sms;
+    // The launch's grid, from the plan.
+    int grid = p.grid;
+    CHECK(grid >= 1 && grid <= p.num_tiles && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || grid <= c->sms),
+          "%s: grid %d for %d tiles", what, grid, p.num_tiles);
     int *visits = (int *)calloc((size_t)p.num_tiles, sizeof(int));
     for (int cta = 0; cta < grid; cta++)
         for (int step = 0;; step++) {
