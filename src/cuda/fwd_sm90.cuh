@@ -88,19 +88,8 @@ struct FwdSmem {
     OStaging<O_STAGING_BYTES> staging;
 };
 
-// FA3C_FWD_O_IN_Q: with no staging buffer, O is staged in the consumer's own
-// 64 Q rows (the Q tile's column chunks are BLOCK_M rows apart).
-template <int D, int BLOCK_N, int STAGES>
-constexpr bool o_in_q() {
-    return FA3C_FWD_O_IN_Q && FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES == 0 && D % 64 == 0;
-}
-
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE OStage o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
-    if (o_in_q<D, BLOCK_N, STAGES>()) {
-        OStage o = {sm.q + consumer_index * 64 * 128, FA3C_FWD_BLOCK_M(D) * 128};
-        return o;
-    }
     return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES>::get(sm.staging, consumer_index);
 }
 
@@ -457,7 +446,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
-        if (needs_rescale(rescale)) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
+        rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
@@ -475,16 +464,14 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         release(&sm.v_empty[prev]);
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
-    // Every Q·Kᵀ of this tile has completed; with O staged in Q, Q is
-    // released after the epilogue's store has read it.
-    if (!o_in_q<D, BLOCK_N, STAGES>()) release(&sm.q_empty);
+    release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
 
     // Last P·V.
     int last = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    if (needs_rescale(rescale)) rescale_output<D>(o, rescale);
+    rescale_output<D>(o, rescale);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();
@@ -494,11 +481,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     release(&sm.v_empty[last]);
 
     epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
-    if (o_in_q<D, BLOCK_N, STAGES>()) {
-        if (tid == 0) tma_store_wait_read();
-        named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
-        release(&sm.q_empty);
-    }
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
@@ -536,10 +518,7 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     SoftmaxState st;
     softmax_init(st);
-    // No Q was loaded for an empty tile: the Q rows may be refilled meanwhile.
-    OStage none = {nullptr, 0};
-    epilogue<D, FP16>(p, t, o, st, row0, quad, o_in_q<D, BLOCK_N, STAGES>() ? none : o_staging(sm, consumer_index),
-                      consumer_index);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>

@@ -71,29 +71,12 @@
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
-/* > 0: lazy rescaling (softmax.cuh): a row keeps its running max until a
- * block's max exceeds it by more than this many powers of 2, and O is
- * rescaled only when some row of the thread moved its max. Saves the D / 2
- * multiplies of O per key block once the max has settled (the softmax is
- * issue-bound, bench/RESULTS.md runs 15-16). 0: the max always follows
- * (exact FA2/FA3 order). An experiment: not yet measured or GPU-tested. */
-#ifndef FA3C_FWD_LAZY_RESCALE
-#define FA3C_FWD_LAZY_RESCALE 0
-#endif
 /* 1: where the smem has room for O (hdim 64 and 128 with N 128), the
  * epilogue stages O in smem (stmatrix) and writes it with TMA stores,
  * instead of 16-byte stores from registers after a shuffle transpose;
  * 0: always from registers. */
 #ifndef FA3C_FWD_TMA_STORE
 #define FA3C_FWD_TMA_STORE 1
-#endif
-/* 1: where there is no smem for a separate O staging buffer (hdim 192,
- * 256), stage O in the warpgroup's own Q rows instead and release Q only
- * once the TMA store has read them; the next tile's Q then loads after the
- * epilogue instead of during the last P·V. An experiment: not yet measured
- * or GPU-tested. */
-#ifndef FA3C_FWD_O_IN_Q
-#define FA3C_FWD_O_IN_Q 0
 #endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)

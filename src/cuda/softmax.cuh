@@ -65,11 +65,7 @@ FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
 // Scores -> probabilities in place. Updates the running max, returns in
 // `rescale` the factor by which the old output and sum must be multiplied.
 // A row that has seen only masked scores keeps max = -inf; its offset is
-// taken as 0 so exp2(-inf - offset) = 0 instead of NaN. With
-// FA3C_FWD_LAZY_RESCALE = T > 0 a finite max moves only when the block's max
-// is more than 2^T above it (in exp2 units): the probabilities may then reach
-// 2^T, which fp32 sums and bf16/fp16 P hold without loss, and rescale is
-// exactly 1, so the caller can skip rescaling O (needs_rescale).
+// taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
 template <int BLOCK_N>
 FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
     float offset[2];
@@ -78,9 +74,6 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         float v[BLOCK_N / 4];
         gather_row<BLOCK_N>(s, r, v);
         float new_max = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
-        if (FA3C_FWD_LAZY_RESCALE > 0 && st.max[r] != -INFINITY &&
-            (new_max - st.max[r]) * score_log2 <= (float)FA3C_FWD_LAZY_RESCALE)
-            new_max = st.max[r];   // quad-uniform: every thread of the quad saw the same maxima
         offset[r] = new_max == -INFINITY ? 0.f : new_max * score_log2;
         rescale[r] = ex2f(st.max[r] * score_log2 - offset[r]);   // old max -inf -> 0
         st.max[r] = new_max;
@@ -93,12 +86,6 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         gather_row<BLOCK_N>(s, r, v);
         st.sum[r] = st.sum[r] * rescale[r] + tree_sum<BLOCK_N / 4>(v);
     }
-}
-
-// 0 when O need not be multiplied by `rescale` (lazy rescaling kept both
-// rows' max); always 1 without FA3C_FWD_LAZY_RESCALE.
-FA3C_DEVICE bool needs_rescale(const float rescale[2]) {
-    return FA3C_FWD_LAZY_RESCALE == 0 || rescale[0] != 1.f || rescale[1] != 1.f;
 }
 
 // Probabilities (f32 accumulator layout) -> wgmma A fragments of 16-bit
