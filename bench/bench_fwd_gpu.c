@@ -2,7 +2,8 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D] [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--csv FILE]
+ * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim. */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -44,14 +45,14 @@ static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, only_hdim = 0;
+    int quick = 0, picked[5] = {0}, npicked = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
-        else if (!strcmp(argv[i], "--hdim") && i + 1 < argc) only_hdim = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--hdim") && i + 1 < argc && npicked < 5) picked[npicked++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--hdim D] [--csv FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--csv FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
     }
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops\n");
-    const int hdims[] = {64, 128, 256};
+    const int hdims[] = {64, 96, 128, 192, 256};
     const int seqlens_full[] = {512, 1024, 2048, 4096, 8192, 16384};
     const int seqlens_quick[] = {512, 2048, 8192};
     const int *seqlens = quick ? seqlens_quick : seqlens_full;
@@ -84,9 +85,10 @@ int main(int argc, char **argv) {
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
     printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "TFLOPS");
-    for (int hi = 0; hi < 3; hi++) {
-        int d = hdims[hi];
-        if (only_hdim && d != only_hdim) continue;
+    for (int hi = 0; hi < 5; hi++) {
+        int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192;
+        for (int j = 0; j < npicked; j++) wanted |= picked[j] == d;
+        if (!wanted) continue;
         for (int causal = 0; causal < 2; causal++)
             for (int si = 0; si < nseq; si++) {
                 int s = seqlens[si], b = 16384 / s, heads = 2048 / d;

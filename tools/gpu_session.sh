@@ -9,7 +9,7 @@ OUT=${OUT:-$PWD/gpu-out}
 export OUT
 mkdir -p "$OUT"
 # gpu_check.sh packs and clears $OUT at its end: its stdout goes elsewhere first.
-SKIP_PY=${SKIP_PY:-1} SKIP_PEERS=1 timeout 360 bash tools/gpu_check.sh quick >/tmp/check_stdout.txt 2>&1
+SKIP_PY=${SKIP_PY:-1} SKIP_PEERS=1 timeout 520 bash tools/gpu_check.sh quick >/tmp/check_stdout.txt 2>&1
 echo "== gpu_check rc=$?"
 cp /tmp/check_stdout.txt "$OUT/check_stdout.txt"
 if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then

@@ -31,18 +31,26 @@
 // epilogue's O staging.
 enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4 };
 
-// O staging for the TMA-store epilogue: 64 rows x D per consumer warpgroup,
-// as D / 64 boxes of 64 rows x 128 B (128-byte swizzle). Empty where the
-// smem has no room (the ring and Q take it: hdim 192, 256) or D
-// is not a multiple of 64 (hdim 96): those store O from registers.
+// Where O is staged for the TMA-store epilogue: 64 rows x D per consumer
+// warpgroup, as D / 64 boxes of 64 rows x 128 B (128-byte swizzle).
+//   O_STAGE_OWN   a buffer of its own, where the smem has room next to Q and
+//                 the K/V ring (hdim 64 and 128);
+//   O_STAGE_IN_V  over the V ring (hdim 192 and 256, where Q and the ring
+//                 take the smem; FA3 does the same): O may be written once
+//                 every consumer has released the tile's last V slots, and
+//                 the producer loads the next tile's first V only once the
+//                 O stores have read the ring (the o_free barrier);
+//   O_STAGE_NONE  D not a multiple of 64 (hdim 96): O goes out from registers.
+enum OStagePlace { O_STAGE_NONE, O_STAGE_OWN, O_STAGE_IN_V };
 template <int D, int BLOCK_N, int STAGES>
-constexpr int o_staging_bytes() {
+constexpr int o_stage_place() {
     // Q, the K/V ring, the barriers (< 1 KB), the base alignment (1 KB).
-    return FA3C_FWD_TMA_STORE && D % 64 == 0 &&
-                   FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048 +
-                           FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= FA3C_FWD_SMEM_LIMIT
-               ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2
-               : 0;
+    return !FA3C_FWD_TMA_STORE || D % 64 != 0 ? O_STAGE_NONE
+           : FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048 +
+                         FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= FA3C_FWD_SMEM_LIMIT
+               ? O_STAGE_OWN
+           : FA3C_FWD_O_IN_V && FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= STAGES * BLOCK_N * D * 2 ? O_STAGE_IN_V
+                                                                                             : O_STAGE_NONE;
 }
 template <int BYTES>
 struct OStaging {
@@ -51,46 +59,40 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
-// Where a consumer stages its 64 x D tile of O: `base` of the first 64-column
-// box (64 rows x 128 B), the next box `box_stride` bytes on; base NULL: no
-// staging (O goes out from registers).
-struct OStage {
-    uint8_t *base;
-    int box_stride;
-};
-
-// Consumer c's staging buffer, or none where there is none.
-template <int D, int BYTES>
-struct StagingOf {
-    FA3C_DEVICE OStage get(OStaging<BYTES> &s, int consumer_index) {
-        OStage o = {s.o + consumer_index * 64 * D * 2, 64 * 128};
-        return o;
-    }
-};
-template <int D>
-struct StagingOf<D, 0> {
-    FA3C_DEVICE OStage get(OStaging<0> &, int) {
-        OStage o = {nullptr, 0};
-        return o;
-    }
-};
-
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
-    enum { O_STAGING_BYTES = o_staging_bytes<D, BLOCK_N, STAGES>() };
+    enum { O_PLACE = o_stage_place<D, BLOCK_N, STAGES>() };
     alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
     uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
+    uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
-    OStaging<O_STAGING_BYTES> staging;
+    OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
+// Consumer c's 64 x D staging area (its first 64-column box; the next box is
+// 64 * 128 bytes on), or NULL where O goes out from registers.
+template <int D, int PLACE>
+struct StagingOf {   // O_STAGE_OWN
+    template <class Smem>
+    FA3C_DEVICE uint8_t *get(Smem &sm, int c) { return sm.staging.o + c * 64 * D * 2; }
+};
+template <int D>
+struct StagingOf<D, O_STAGE_IN_V> {
+    template <class Smem>
+    FA3C_DEVICE uint8_t *get(Smem &sm, int c) { return &sm.v[0][0] + c * 64 * D * 2; }
+};
+template <int D>
+struct StagingOf<D, O_STAGE_NONE> {
+    template <class Smem>
+    FA3C_DEVICE uint8_t *get(Smem &, int) { return nullptr; }
+};
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE OStage o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
-    return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_STAGING_BYTES>::get(sm.staging, consumer_index);
+FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
+    return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_PLACE>().get(sm, consumer_index);
 }
 
 // Ring slot and barrier parity of the it-th key block.
@@ -137,6 +139,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
+        const int tile_count = q_uses;   // tiles loaded before this one
         mbar_wait_parity(&sm.q_empty, (q_uses++ & 1) ^ 1);   // a fresh barrier passes parity 1 at once
         mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
         load_q_tile<D>(sm.q, p, &sm.q_full, t);
@@ -147,6 +150,9 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
             load_tile<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
             mbar_wait_parity(&sm.v_empty[s], ph ^ 1);
+            // O staged in the V ring: the previous tile's O stores must have read it.
+            if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && n == t.n_end - 1 && tile_count > 0)
+                mbar_wait_parity(&sm.o_free, (uint32_t)(tile_count - 1) & 1);
             mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
             load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
         }
@@ -157,12 +163,17 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
 
 // S(64 x BLOCK_N) = Q(rows of this warpgroup) · K(stage)ᵀ; both tiles
 // K-major: a k-step of 16 elements is +32 B inside a chunk's row, chunks are
-// ROWS * ROW_BYTES apart, 8-row atoms ATOM_BYTES apart.
+// ROWS * ROW_BYTES apart, 8-row atoms ATOM_BYTES apart. For D >= 192 the Q
+// address is made opaque: ptxas otherwise hoists the D / 16 Q descriptors
+// (64-bit each) out of the key loop, runs out of uniform registers, and
+// moves them back with an R2UR before every wgmma (seen in the SASS).
 template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consumer) {
     typedef TileLayout<D> L;
     enum { STEPS_PER_CHUNK = L::CHUNK / 16 };
-    const uint64_t q_desc = smem_desc_swizzled(smem_addr(q) + consumer * 64 * L::ROW_BYTES, 16, L::ATOM_BYTES, L::ROW_BYTES);
+    uint32_t q_addr = smem_addr(q) + consumer * 64 * L::ROW_BYTES;
+    if (D >= 192) q_addr = opaque_u32(q_addr);
+    const uint64_t q_desc = smem_desc_swizzled(q_addr, 16, L::ATOM_BYTES, L::ROW_BYTES);
     const uint64_t k_desc = smem_desc_swizzled(smem_addr(k), 16, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
@@ -197,21 +208,45 @@ FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
     for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
 }
 
-// ptxas hoists a wgmma wait as early as it may. Left alone, it put all of
-// softmax(j) after the wait for P·V(j-1), so the two ran one after the other
-// and the intra-warpgroup overlap was lost (seen in the SASS). A shared store
+// ptxas hoists a wgmma wait as early as it may. Left alone, it puts all of
+// softmax(j) after the wait for P·V(j-1), so the two run one after the other
+// and the intra-warpgroup overlap is lost (seen in the SASS). A shared store
 // of a value that depends on every exp of this thread, before the wait, pins
 // the softmax in front of it: ptxas keeps memory operations in order around
 // the wait. One thread stores, but the dependency holds for the whole
-// instruction stream. Off by default: it measured slower as often as faster
-// (fwd_tiles.h, FA3C_FWD_PIN_SOFTMAX).
+// instruction stream. Per head dim (fwd_tiles.h, FA3C_FWD_SOFTMAX_UNDER_PV).
+template <bool PIN>
 FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
-    if (FA3C_FWD_PIN_SOFTMAX && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
+    if (PIN && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
 }
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
 FA3C_DEVICE void release(uint64_t *bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(bar);
+}
+
+// O_STAGE_IN_V: wait until every consumer warp has released the last use of
+// each V slot (the v_empty phase of ring index ring - 1 - k), so that all
+// P·V of the tile have read the ring before O is written over it. The next
+// use of each slot is the next tile's, which the producer holds back until
+// release_o_staging.
+template <int STAGES>
+FA3C_DEVICE void wait_v_ring_read(uint64_t *v_empty, int ring) {
+#pragma unroll
+    for (int k = 0; k < STAGES; k++) {
+        int r = ring - 1 - k;
+        if (r >= 0) mbar_wait_parity(&v_empty[stage_of(r, STAGES)], phase_of(r, STAGES));
+    }
+}
+
+// O_STAGE_IN_V: one arrival per consumer warpgroup and tile on o_free, after
+// this warpgroup's O stores (if it staged) have read the V ring; the producer
+// waits for it before the next tile's first V load.
+FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged) {
+    if (threadIdx.x % 128 == 0) {
+        if (staged) tma_store_wait_read();
+        mbar_arrive(o_free);
+    }
 }
 
 // Turn-taking between the consumer warpgroups: warpgroup c issues its GEMMs
@@ -313,7 +348,7 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
 // unit). The buffer is reused by the next tile, once the store has read it.
 template <int D, int FP16>
 FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
-                                const float inv[2], OStage stage, int consumer_index) {
+                                const float inv[2], uint8_t *stage, int consumer_index) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (tid == 0) tma_store_wait_read();   // the previous tile's store is done with the buffer
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
@@ -323,7 +358,7 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 #pragma unroll
     for (int c = 0; c < D / 8; c += 2) {
         int chunk = c + m / 2;
-        uint8_t *addr = stage.base + (chunk / 8) * stage.box_stride + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+        uint8_t *addr = stage + (chunk / 8) * (64 * 128) + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
         stmatrix_x4(addr, pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
                     pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
                     pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
@@ -335,21 +370,21 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
         int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
 #pragma unroll
         for (int b = 0; b < D / 64; b++)
-            tma_store_5d(&p.o_map, stage.base + b * stage.box_stride, b * 64, 0, query0, t.group, t.batch);
+            tma_store_5d(&p.o_map, stage + b * (64 * 128), b * 64, 0, query0, t.group, t.batch);
         tma_store_commit();
     }
 }
 
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
 // results (store_partial). Rows past the end are dropped. `stage`: where
-// this warpgroup stages O for store_tile_tma (base NULL: nowhere).
+// this warpgroup stages O for store_tile_tma (NULL: nowhere).
 // Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, OStage stage, int consumer_index) {
+                          int quad, uint8_t *stage, int consumer_index) {
     float inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -362,7 +397,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         store_partial<D>(p, t, o, inv, lse, rows, quad);
         return;
     }
-    if (stage.base && p.out_tma) {
+    if (stage && p.out_tma) {
         store_tile_tma<D, FP16>(p, t, o, inv, stage, consumer_index);
         write_lse(p, t, lse, rows, quad);
         return;
@@ -405,6 +440,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                int consumer_index, int &ring, uint32_t q_phase) {
+    enum { UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D) };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
@@ -446,7 +482,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_fence();
         gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
-        rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
+        if (!UNDER_PV) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
@@ -457,11 +493,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         release(&sm.k_empty[cur]);
         prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
         softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-        pin_softmax(&sm.softmax_anchor[consumer_index], st, tid);
+        pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
 
         wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
         fence_regs<D / 2>(o);
         release(&sm.v_empty[prev]);
+        if (UNDER_PV) rescale_output<D>(o, rescale);   // to block j's max
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
     release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
@@ -471,7 +508,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    rescale_output<D>(o, rescale);
+    if (!UNDER_PV) rescale_output<D>(o, rescale);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();
@@ -480,7 +517,17 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     release(&sm.v_empty[last]);
 
-    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
+    uint8_t *stage = o_staging(sm, consumer_index);
+    if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
+        epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index);
+        return;
+    }
+    // O staged in the V ring: once every consumer has read the ring, and only
+    // where the epilogue stages (not for split-KV partials or register stores).
+    const bool staged = p.out_tma && p.num_splits == 1;
+    if (staged) wait_v_ring_read<STAGES>(sm.v_empty, ring);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index);
+    release_o_staging(&sm.o_free, staged);
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
@@ -505,6 +552,7 @@ FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTi
     release(&sm.q_empty);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
 }
 
 // Rows whose every key is masked (or an empty key range): zeros and -inf.
@@ -518,7 +566,9 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     SoftmaxState st;
     softmax_init(st);
-    epilogue<D, FP16>(p, t, o, st, row0, quad, o_staging(sm, consumer_index), consumer_index);
+    // Not through the V ring: the producer may be filling it for the next tile.
+    bool in_v = FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V;
+    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index), consumer_index);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>
@@ -554,6 +604,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         if (p.out_tma) tma_prefetch_map(&p.o_map);
         mbar_init(&sm.q_full, 1);
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));          // one per consumer warp
+        mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D));               // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);

@@ -60,16 +60,20 @@
 #ifndef FA3C_FWD_PINGPONG
 #define FA3C_FWD_PINGPONG 1
 #endif
-/* 1: pin softmax(j) in front of the wait for P·V(j-1), so ptxas cannot sink
- * it behind that wait (fwd_sm90.cuh, pin_softmax); 0: leave the order to
- * ptxas. Measured A/B on the H200 (bench/RESULTS.md, run 11): pinned is 1-2%
- * faster at 8k non-causal (hdim 128/256), 2-5% slower at 2k and for hdim 64,
- * so it is off by default. */
-#ifndef FA3C_FWD_PIN_SOFTMAX
-#define FA3C_FWD_PIN_SOFTMAX 0
-#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
+#endif
+/* 1: softmax(j) runs while P·V(j-1) is on the tensor cores: it is pinned in
+ * front of the wait for P·V(j-1) (ptxas otherwise moves that wait above it,
+ * fwd_sm90.cuh, pin_softmax), and O is rescaled after that wait, to block j's
+ * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
+ * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
+ * (bench/RESULTS.md, run 21): hdim 256 +1-3% (8k non-causal +3%); hdim 128
+ * even; hdim 64 1-2% slower. A -D value applies to every head dim. */
+#ifdef FA3C_FWD_SOFTMAX_UNDER_PV
+#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) FA3C_FWD_SOFTMAX_UNDER_PV
+#else
+#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 192)
 #endif
 /* 1: where the smem has room for O (hdim 64 and 128 with N 128), the
  * epilogue stages O in smem (stmatrix) and writes it with TMA stores,
@@ -77,6 +81,12 @@
  * 0: always from registers. */
 #ifndef FA3C_FWD_TMA_STORE
 #define FA3C_FWD_TMA_STORE 1
+#endif
+/* 1: where the smem has no room for a separate O staging buffer (hdim 192,
+ * 256), stage O in the V ring for the TMA store (fwd_sm90.cuh, O_STAGE_IN_V);
+ * 0: those head dims store O from registers. */
+#ifndef FA3C_FWD_O_IN_V
+#define FA3C_FWD_O_IN_V 1
 #endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)

@@ -321,6 +321,26 @@ TEST(fwd_persistent_many_tiles) {
     run_case("many tiles causal", c);
 }
 
+TEST(fwd_o_staged_in_v_many_tiles) {
+    REQUIRE_SM90();
+    // hdim 192 and 256 stage O in the V ring: the next tile's V loads wait for
+    // the last O store. Enough tiles for several per CTA, each kind of tile
+    // boundary: full tiles, a single key block per tile (the slot released
+    // before belongs to the previous tile), fully masked tiles between
+    // computed ones (sq > sk causal) and GQA.
+    fwd_case c = base_case(BF16, 1, 512, 512, 64, 256);
+    run_case("hdim256 256 tiles", c);
+    c = base_case(FP16, 1, 600, 50, 40, 256);
+    run_case("hdim256 one key block per tile", c);
+    c = base_case(BF16, 1, 700, 200, 40, 192);
+    c.causal = 1;
+    run_case("hdim192 causal sq>sk, empty tiles", c);
+    c = base_case(BF16, 2, 640, 640, 24, 192);
+    c.heads_kv = 6;
+    c.causal = 1;
+    run_case("hdim192 gqa causal", c);
+}
+
 TEST(fwd_long_noncausal) {
     REQUIRE_SM90();
     // seqlen_k >= 2048, non-causal: a partial last key block (2500 keys), GQA
