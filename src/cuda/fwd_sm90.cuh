@@ -61,7 +61,7 @@ struct OStaging<0> {};
 
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
-    enum { O_PLACE = o_stage_place<D, BLOCK_N, STAGES>() };
+    static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
     alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
