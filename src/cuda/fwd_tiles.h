@@ -6,12 +6,13 @@
  * BLOCK_N (keys per tile) and the pipeline depth trade smem against reuse:
  *   Q tile = 128 * D * 2 B, each stage = 2 * BLOCK_N * D * 2 B (K and V),
  *   plus, where it fits, 64 rows x D per consumer to stage O for the TMA
- *   store (fwd_sm90.cuh), and the total must stay under the 227 KB a block
- *   may use.
+ *   store (fwd_sm90.cuh; where it does not, O is staged over the V ring),
+ *   and the total must stay under the 227 KB a block may use.
  *   hdim  64: N 128, 4 stages:  24 + 4*32 = 152 KB + 24 KB O staging
  *   hdim 128: N 128, 2 stages:  32 + 2*64 = 160 KB + 32 KB O staging
- *   hdim 256: N  80, 2 stages:  64 + 2*80 = 224 KB (the accumulator of
- *             64x256 already takes 128 registers per thread; N 80 keeps S small)
+ *   hdim 256: N  80, 2 stages:  64 + 2*80 = 224 KB, O staged in the V ring
+ *             (the accumulator of 64x256 already takes 128 registers per
+ *             thread; N 80 keeps S small)
  * Measured on the H200 (bench/RESULTS.md): N 80 beat N 64 for hdim 256 by 6%
  * at 8k; N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
  * causal, and with the TMA-store epilogue (no smem left for it at N 176) it
@@ -68,23 +69,23 @@
  * fwd_sm90.cuh, pin_softmax), and O is rescaled after that wait, to block j's
  * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
  * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
- * (bench/RESULTS.md, run 21): hdim 256 +1-3% (8k non-causal +3%); hdim 128
- * even; hdim 64 1-2% slower. A -D value applies to every head dim. */
+ * (bench/RESULTS.md, run 21): hdim 192 +1-2% and hdim 256 +1-5% from 2k;
+ * hdim 128 even; hdim 64 1-2% slower. A -D value applies to every head dim. */
 #ifdef FA3C_FWD_SOFTMAX_UNDER_PV
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) FA3C_FWD_SOFTMAX_UNDER_PV
 #else
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 192)
 #endif
-/* 1: where the smem has room for O (hdim 64 and 128 with N 128), the
- * epilogue stages O in smem (stmatrix) and writes it with TMA stores,
- * instead of 16-byte stores from registers after a shuffle transpose;
- * 0: always from registers. */
+/* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
+ * and writes it with TMA stores, instead of 16-byte stores from registers
+ * after a shuffle transpose; 0: always from registers. */
 #ifndef FA3C_FWD_TMA_STORE
 #define FA3C_FWD_TMA_STORE 1
 #endif
 /* 1: where the smem has no room for a separate O staging buffer (hdim 192,
- * 256), stage O in the V ring for the TMA store (fwd_sm90.cuh, O_STAGE_IN_V);
- * 0: those head dims store O from registers. */
+ * 256), stage O in the V ring for the TMA store (fwd_sm90.cuh, O_STAGE_IN_V;
+ * run 22: +4-7% at 512, +1-2% at 8k); 0: those head dims store O from
+ * registers. */
 #ifndef FA3C_FWD_O_IN_V
 #define FA3C_FWD_O_IN_V 1
 #endif
