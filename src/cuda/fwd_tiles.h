@@ -89,6 +89,16 @@
 #ifndef FA3C_FWD_O_IN_V
 #define FA3C_FWD_O_IN_V 1
 #endif
+/* 1: where two Q buffers fit (hdim 64, 96, 128), a consumer issues the next
+ * tile's first Q·Kᵀ together with this tile's last P·V, so the tensor cores
+ * run it during this tile's epilogue (fwd_sm90.cuh, consumer_tile), and the
+ * producer loads the next tile's Q into the other buffer meanwhile. 0: each
+ * tile starts with its own Q·Kᵀ turn. An experiment: not yet tested or
+ * measured on the GPU (the tile boundary was ~10% of the warp samples at 2k,
+ * bench/RESULTS.md run 21). */
+#ifndef FA3C_FWD_FUSE_TILES
+#define FA3C_FWD_FUSE_TILES 0
+#endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 
