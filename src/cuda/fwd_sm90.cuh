@@ -212,6 +212,30 @@ FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consu
     }
 }
 
+// The same S with Q from this warp's registers (FA3C_FWD_Q_IN_REGS): q_frag[kk]
+// holds the A fragment of k-step kk (load_q_fragments).
+template <int D, int BLOCK_N, int FP16>
+FA3C_DEVICE void gemm_qk_regs(float *s, uint32_t (*q_frag)[4], const uint8_t *k) {
+    typedef TileLayout<D> L;
+    enum { STEPS_PER_CHUNK = L::CHUNK / 16 };
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k), 16, L::ATOM_BYTES, L::ROW_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t k_off = (kk / STEPS_PER_CHUNK) * BLOCK_N * L::ROW_BYTES + (kk % STEPS_PER_CHUNK) * 32;
+        wgmma_rsk<BLOCK_N, FP16>(s, q_frag[kk], smem_desc_advance(k_desc, k_off), kk > 0);
+    }
+}
+
+// A consumer warp's Q rows (16 of its warpgroup's 64) as wgmma A fragments,
+// one per k-step of 16 columns, from the Q tile (FA3C_FWD_Q_IN_REGS).
+template <int D>
+FA3C_DEVICE void load_q_fragments(uint32_t (*q_frag)[4], const uint8_t *q, int consumer) {
+    int warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        load_a_fragment_sw128(q_frag[kk], q, FA3C_FWD_BLOCK_M(D), consumer * 64 + warp * 16, kk * 16);
+}
+
 // O(64 x D) += P(64 x BLOCK_N, registers) · V(stage); V is MN-major: a k-step
 // is 16 rows, chunks of CHUNK columns are BLOCK_N * ROW_BYTES apart (LBO).
 template <int D, int BLOCK_N, int FP16>
@@ -492,11 +516,16 @@ template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                int consumer_index, int &ring, QSlot q, float *s_carried, bool s_issued,
                                const FwdTile *next, QSlot next_q) {
-    enum { UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D) };
+    enum {
+        UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
+        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2 &&
+                 FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS == 1
+    };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
     float o[D / 2];
+    uint32_t q_frag[Q_REGS ? D / 16 : 1][4];   // FA3C_FWD_Q_IN_REGS: this warp's Q rows
     float s_local[BLOCK_N / 2];   // unfused: the scores live in this tile only
     float *s = FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS == 2 ? s_carried : s_local;
     uint32_t p_frag[BLOCK_N / 16][4];
@@ -507,6 +536,10 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     float rescale[2];
 
     if (!s_issued) mbar_wait_parity(&sm.q_full[q.buf], q.phase);
+    if (Q_REGS) {   // Q in registers: its smem is free for the next tile at once
+        load_q_fragments<D>(q_frag, sm.q[q.buf], consumer_index);
+        release(&sm.q_empty[q.buf]);
+    }
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = t.n_end - 1;
@@ -515,7 +548,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_fence();
-        gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
+        if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
+        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
         wgmma_commit();
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_wait<0>();
@@ -535,7 +569,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         mbar_wait_parity(&sm.v_full[prev], prev_phase);
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_fence();
-        gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
+        if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
+        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
         wgmma_commit();
         if (!UNDER_PV) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
@@ -556,7 +591,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         if (UNDER_PV) rescale_output<D>(o, rescale);   // to block j's max
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
-    release(&sm.q_empty[q.buf]);   // every Q·Kᵀ of this tile has completed
+    if (!Q_REGS) release(&sm.q_empty[q.buf]);   // every Q·Kᵀ of this tile has completed
 
     // Last P·V.
     int last = stage_of(ring, STAGES);

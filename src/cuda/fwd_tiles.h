@@ -99,6 +99,16 @@
 #ifndef FA3C_FWD_FUSE_TILES
 #define FA3C_FWD_FUSE_TILES 0
 #endif
+/* 1: for hdim 64 and 128 (one Q buffer), each consumer loads its Q rows into
+ * registers once per tile (ldmatrix) and issues Q·Kᵀ with A from registers
+ * (wgmma_rsk), so Q is read from smem once per tile instead of once per key
+ * block (a fifth of the loop's smem reads: energy, and the card runs at its
+ * power cap, bench/RESULTS.md run 21), and its smem is released at once, so
+ * the next tile's Q loads during this one. Costs D / 4 registers. 0: Q·Kᵀ
+ * from smem. An experiment: not yet tested or measured on the GPU. */
+#ifndef FA3C_FWD_Q_IN_REGS
+#define FA3C_FWD_Q_IN_REGS 0
+#endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 

@@ -136,6 +136,27 @@ FA3C_DEVICE void stmatrix_x4(void *row_addr, uint32_t r0, uint32_t r1, uint32_t 
                  : "memory");
 }
 
+// Four 8x8 matrices of 16-bit elements from smem to the registers of a warp:
+// lane t gives the address of row t % 8 of matrix t / 8, and register i of
+// lane t receives row t / 4, columns 2 (t % 4) and +1 of matrix i.
+FA3C_DEVICE void ldmatrix_x4(uint32_t r[4], const void *row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row_addr))
+                 : "memory");
+}
+
+// A warp's wgmma A fragment (rows row0..row0+15, columns k0..k0+15) of a
+// 16-bit tile stored as 64-column chunks of `chunk_rows` rows x 128 B with
+// the 128-byte swizzle (the TMA layout of Q): a[0] rows 0-7 / columns 0-7,
+// a[1] rows 8-15 / 0-7, a[2] rows 0-7 / 8-15, a[3] rows 8-15 / 8-15.
+FA3C_DEVICE void load_a_fragment_sw128(uint32_t a[4], const uint8_t *tile, int chunk_rows, int row0, int k0) {
+    int lane = threadIdx.x % 32;
+    int row = row0 + (lane % 8) + ((lane / 8) % 2) * 8;
+    int unit = k0 / 8 + lane / 16;   // 16-byte unit of the row, before the swizzle
+    ldmatrix_x4(a, tile + (unit / 8) * chunk_rows * 128 + row * 128 + (((unit % 8) ^ (row % 8)) * 16));
+}
+
 // Order this thread's generic-proxy smem writes before later async-proxy
 // (TMA, wgmma) accesses; pair with a barrier.
 FA3C_DEVICE void fence_proxy_async_smem(void) {

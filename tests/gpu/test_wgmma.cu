@@ -34,6 +34,38 @@ __global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, 
     }
 }
 
+// S(64x64) = A(64x128, registers) · B(64x128)^T, B K-major: Q·K^T with Q in
+// registers. A goes through smem with the swizzle and comes back with
+// ldmatrix (load_a_fragment_sw128), as the kernel would load Q.
+__global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
+        int r = i / 128, c = i % 128;
+        *(__nv_bfloat16 *)(sa + sw128_offset(64, r, c)) = a[i];
+        *(__nv_bfloat16 *)(sb + sw128_offset(64, r, c)) = b[i];
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    uint32_t frag[8][4];
+    for (int kk = 0; kk < 8; kk++) load_a_fragment_sw128(frag[kk], sa, 64, 16 * w, 16 * kk);
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 0.f;
+    wgmma_fence();
+    for (int kk = 0; kk < 8; kk++) {
+        uint32_t off = (kk / 4) * 64 * 128 + (kk % 4) * 32;
+        wgmma_rsk<64, 0>(d, frag[kk], smem_desc_sw128(smem_addr(sb) + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < 32; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+        out[row * 64 + col] = d[i];
+    }
+}
+
 // O(64x128) = P(64x64, registers) · V(64x128), V MN-major: the P·V shape.
 __global__ void wgmma_rs_kernel(const __nv_bfloat16 *p, const __nv_bfloat16 *v, float *out) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -74,9 +106,11 @@ static void fill_bf16(__nv_bfloat16 *h, float *hf, int n) {
     }
 }
 
-TEST(wgmma_ss_qkt_64x64x128) {
-    REQUIRE_SM90();
-    gpu_rng_seed(1234);
+typedef void (*QktKernel)(const __nv_bfloat16 *, const __nv_bfloat16 *, float *);
+
+// S(64x64) = A(64x128) · B(64x128)^T through `kernel`, against a float64 matmul.
+static void check_qkt(QktKernel kernel, const char *name, uint64_t seed) {
+    gpu_rng_seed(seed);
     static __nv_bfloat16 ha[64 * 128], hb[64 * 128];
     static float fa[64 * 128], fb[64 * 128], out[64 * 64];
     fill_bf16(ha, fa, 64 * 128);
@@ -90,8 +124,8 @@ TEST(wgmma_ss_qkt_64x64x128) {
     CUDA_OK(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));   // NaN poison
     int smem = 2 * 64 * 128 * 2 + 1024;
-    CUDA_OK(cudaFuncSetAttribute(wgmma_ss_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    wgmma_ss_kernel<<<1, 128, smem>>>(da, db, dout);
+    CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<1, 128, smem>>>(da, db, dout);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
@@ -103,9 +137,19 @@ TEST(wgmma_ss_qkt_64x64x128) {
             double e = fabs(ref - out[i * 64 + j]);
             if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
         }
-    printf("wgmma ss max abs error %.3g\n", maxerr);
+    printf("wgmma %s max abs error %.3g\n", name, maxerr);
     CHECK(maxerr < 1e-3, "max error %g", maxerr);
     cudaFree(da); cudaFree(db); cudaFree(dout);
+}
+
+TEST(wgmma_ss_qkt_64x64x128) {
+    REQUIRE_SM90();
+    check_qkt(wgmma_ss_kernel, "ss", 1234);
+}
+
+TEST(wgmma_rsk_qkt_ldmatrix_64x64x128) {
+    REQUIRE_SM90();
+    check_qkt(wgmma_rsk_kernel, "rsk (A by ldmatrix)", 4321);
 }
 
 TEST(wgmma_rs_pv_64x128x64) {
