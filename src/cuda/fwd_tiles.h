@@ -99,7 +99,8 @@
 #ifndef FA3C_FWD_FUSE_TILES
 #define FA3C_FWD_FUSE_TILES 0
 #endif
-/* 1: for hdim 64 and 128 (one Q buffer), each consumer loads its Q rows into
+/* 1: for hdim 128 (2 consumers with 240 registers, one Q buffer; hdim 64's
+ * 160-register consumers spill with it), each consumer loads its Q rows into
  * registers once per tile (ldmatrix) and issues Q·Kᵀ with A from registers
  * (wgmma_rsk), so Q is read from smem once per tile instead of once per key
  * block (a fifth of the loop's smem reads: energy, and the card runs at its
