@@ -6,10 +6,9 @@
 #include "../../src/cuda/wgmma.cuh"
 
 // S(64x64) = A(64x128) · B(64x128)^T, both K-major: the Q·K^T shape.
-__global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+// A and B (64 x 128 each) into smem with the 128-byte swizzle, by plain
+// stores, visible to wgmma; sa at the aligned base, sb 16 KB on.
+__device__ void stage_ab_sw128(uint8_t *sa, uint8_t *sb, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
     for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sa + sw128_offset(64, r, c)) = a[i];
@@ -17,6 +16,13 @@ __global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, 
     }
     fence_proxy_async_smem();
     __syncthreads();
+}
+
+__global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    stage_ab_sw128(sa, sb, a, b);
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 0.f;
     wgmma_fence();
@@ -41,13 +47,7 @@ __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
-    for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
-        int r = i / 128, c = i % 128;
-        *(__nv_bfloat16 *)(sa + sw128_offset(64, r, c)) = a[i];
-        *(__nv_bfloat16 *)(sb + sw128_offset(64, r, c)) = b[i];
-    }
-    fence_proxy_async_smem();
-    __syncthreads();
+    stage_ab_sw128(sa, sb, a, b);
     int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
     uint32_t frag[8][4];
     for (int kk = 0; kk < 8; kk++) load_a_fragment_sw128(frag[kk], sa, 64, 16 * w, 16 * kk);
