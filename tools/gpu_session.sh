@@ -2,7 +2,8 @@
 # This session's one device call (kept so it can be rerun): correctness
 # (tools/gpu_check.sh quick: build, GPU tests, sanitizer, quick bench), the
 # decode benchmark against the peers, then interleaved A/B variants
-# (tools/gpu_tune.sh). Short tables last; logs under $OUT.
+# (tools/gpu_tune.sh). Short tables last; logs under $OUT (the main ones as
+# files, the rest in session_logs.tar.gz: at most 8 files come back).
 #   bash tools/gpu_session.sh "variant spec" ...   (gpu_tune.sh syntax)
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -26,4 +27,8 @@ sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
 grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
 [ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
 [ -f "$OUT/tune_stdout.txt" ] && tail -14 "$OUT/tune_stdout.txt"
+# At most 8 files come back from the machine: keep the ones read first, pack the rest.
+(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|decode)$' &&
+  rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png 2>/dev/null)" &&
+  { [ -z "${rest// /}" ] || { tar czf session_logs.tar.gz $rest && rm -rf $rest; }; })
 exit 0
