@@ -410,8 +410,7 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 #pragma unroll
     for (int c = 0; c < D / 8; c += 2) {
         int chunk = c + m / 2;
-        uint8_t *addr = stage + (chunk / 8) * (64 * 128) + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
-        stmatrix_x4(addr, pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
+        stmatrix_x4(sw128_unit(stage, 64, row, chunk), pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
                     pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
                     pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
                     pack2<FP16>(o[4 * c + 6] * inv[1], o[4 * c + 7] * inv[1]));

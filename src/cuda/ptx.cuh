@@ -146,6 +146,13 @@ FA3C_DEVICE void ldmatrix_x4(uint32_t r[4], const void *row_addr) {
                  : "memory");
 }
 
+// Address of 16-byte unit `unit` of row `row` in a 16-bit tile stored as
+// 64-column chunks of `chunk_rows` rows x 128 B with the 128-byte swizzle
+// (the TMA and wgmma layout): unit u is columns 8u..8u+7.
+FA3C_DEVICE uint8_t *sw128_unit(uint8_t *tile, int chunk_rows, int row, int unit) {
+    return tile + (unit / 8) * chunk_rows * 128 + row * 128 + (((unit % 8) ^ (row % 8)) * 16);
+}
+
 // A warp's wgmma A fragment (rows row0..row0+15, columns k0..k0+15) of a
 // 16-bit tile stored as 64-column chunks of `chunk_rows` rows x 128 B with
 // the 128-byte swizzle (the TMA layout of Q): a[0] rows 0-7 / columns 0-7,
@@ -153,8 +160,7 @@ FA3C_DEVICE void ldmatrix_x4(uint32_t r[4], const void *row_addr) {
 FA3C_DEVICE void load_a_fragment_sw128(uint32_t a[4], const uint8_t *tile, int chunk_rows, int row0, int k0) {
     int lane = threadIdx.x % 32;
     int row = row0 + (lane % 8) + ((lane / 8) % 2) * 8;
-    int unit = k0 / 8 + lane / 16;   // 16-byte unit of the row, before the swizzle
-    ldmatrix_x4(a, tile + (unit / 8) * chunk_rows * 128 + row * 128 + (((unit % 8) ^ (row % 8)) * 16));
+    ldmatrix_x4(a, sw128_unit((uint8_t *)tile, chunk_rows, row, k0 / 8 + lane / 16));
 }
 
 // Order this thread's generic-proxy smem writes before later async-proxy
