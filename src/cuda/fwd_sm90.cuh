@@ -599,7 +599,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     if (next) {
         // Fused: the next tile's first Q·Kᵀ is issued with it and runs during
         // the epilogue. It is waited for before the tile ends, so no wgmma is
-        // pending across tiles (ptxas serializes the wgmma otherwise, C7515).
+        // pending across tiles. The two tails stay separate code: merged, with
+        // `if (next)` around the Q·Kᵀ and the waits, ptxas serializes the
+        // wgmma (C7515), as it does with a wgmma pending across tiles.
         const int first = stage_of(ring, STAGES);
         mbar_wait_parity(&sm.q_full[next_q.buf], next_q.phase);
         mbar_wait_parity(&sm.k_full[first], phase_of(ring, STAGES));
