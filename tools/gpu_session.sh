@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # This session's one device call (kept so it can be rerun): correctness
 # (tools/gpu_check.sh quick: build, GPU tests, sanitizer, quick bench), the
-# decode benchmark against the peers, then interleaved A/B variants
+# decode benchmark against the peers, with GRID=1 the full forward grid
+# against the peers (carry .peers/ for the stored peer runs), then
+# interleaved A/B variants
 # (tools/gpu_tune.sh). Short tables last; logs under $OUT (the main ones as
 # files, the rest in session_logs.tar.gz: at most 8 files come back).
 #   bash tools/gpu_session.sh "variant spec" ...   (gpu_tune.sh syntax)
@@ -19,6 +21,13 @@ if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
     $([ -d .peers ] && echo --peers .peers) --budget 100 --out "$OUT/decode" >"$OUT/decode_bench.log" 2>&1
   echo "== decode bench rc=$?"
 fi
+if [ "${GRID:-0}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
+  # The full TARGETS.md grid against the peers (forward, bf16), in one process.
+  FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 260 python3 bench/bench.py --flex none \
+    --no-bwd --no-fp8 --impls fa3c,cudnn,fa2 $([ -d .peers ] && echo --peers .peers) --budget 200 \
+    --out "$OUT/grid" >"$OUT/grid_bench.log" 2>&1
+  echo "== grid bench rc=$?"
+fi
 if [ $# -gt 0 ]; then
   TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout 300 bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
   echo "== tune rc=$?"
@@ -26,9 +35,10 @@ fi
 sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
 grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
 [ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
+[ -f "$OUT/grid/results.md" ] && grep -E "geometric mean" "$OUT/grid/results.md"
 [ -f "$OUT/tune_stdout.txt" ] && tail -14 "$OUT/tune_stdout.txt"
 # At most 8 files come back from the machine: keep the ones read first, pack the rest.
-(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|decode)$' &&
-  rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png 2>/dev/null)" &&
+(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|decode|grid)$' &&
+  rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png grid/plot.png 2>/dev/null)" &&
   { [ -z "${rest// /}" ] || { tar czf session_logs.tar.gz $rest && rm -rf $rest; }; })
 exit 0

@@ -45,25 +45,13 @@ enum OStagePlace { O_STAGE_NONE, O_STAGE_OWN, O_STAGE_IN_V };
 
 // Bytes of Q, the K/V ring, the barriers (< 1 KB) and the base alignment (1 KB).
 template <int D, int BLOCK_N, int STAGES>
-constexpr int qkv_smem_bytes(int q_buffers) {
-    return q_buffers * FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048;
-}
-// Q buffers: 2 with FA3C_FWD_FUSE_TILES where they fit next to the ring and
-// the O staging buffer the kernel would have with one (tiles are then fused,
-// consumer_tile, and the next tile's Q loads while this one runs); else 1.
-template <int D, int BLOCK_N, int STAGES>
-constexpr int q_buffers() {
-    return FA3C_FWD_FUSE_TILES &&
-                   qkv_smem_bytes<D, BLOCK_N, STAGES>(2) +
-                           (FA3C_FWD_TMA_STORE && D % 64 == 0 ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0) <=
-                       FA3C_FWD_SMEM_LIMIT
-               ? 2
-               : 1;
+constexpr int qkv_smem_bytes() {
+    return FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048;
 }
 template <int D, int BLOCK_N, int STAGES>
 constexpr int o_stage_place() {
     return !FA3C_FWD_TMA_STORE || D % 64 != 0 ? O_STAGE_NONE
-           : qkv_smem_bytes<D, BLOCK_N, STAGES>(q_buffers<D, BLOCK_N, STAGES>()) +
+           : qkv_smem_bytes<D, BLOCK_N, STAGES>() +
                          FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= FA3C_FWD_SMEM_LIMIT
                ? O_STAGE_OWN
            : FA3C_FWD_O_IN_V && FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= STAGES * BLOCK_N * D * 2 ? O_STAGE_IN_V
@@ -79,11 +67,10 @@ struct OStaging<0> {};
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
     static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
-    static constexpr int Q_BUFS = q_buffers<D, BLOCK_N, STAGES>();
-    alignas(1024) uint8_t q[Q_BUFS][FA3C_FWD_BLOCK_M(D) * D * 2];
+    alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
     alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
-    uint64_t q_full[Q_BUFS], q_empty[Q_BUFS];
+    uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
@@ -116,15 +103,8 @@ FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_ind
 // Ring slot and barrier parity of the it-th key block.
 FA3C_DEVICE int stage_of(int it, int stages) { return it % stages; }
 FA3C_DEVICE uint32_t phase_of(int it, int stages) { return (uint32_t)(it / stages) & 1; }
-// The Q buffer and barrier parity of the use-th tile that loads Q.
-struct QSlot {
-    int buf;
-    uint32_t phase;
-};
-FA3C_DEVICE QSlot q_slot(int use, int q_bufs) {
-    QSlot q = {stage_of(use, q_bufs), phase_of(use, q_bufs)};
-    return q;
-}
+// Q barrier parity of the use-th tile that loads Q (one Q buffer).
+FA3C_DEVICE uint32_t q_phase_of(int use) { return (uint32_t)use & 1; }
 
 // ---- producer ----------------------------------------------------------------
 
@@ -167,10 +147,9 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (tile_is_empty(t)) continue;
         const int tile_count = q_uses;   // tiles loaded before this one
-        const QSlot qs = q_slot(q_uses++, FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS);
-        mbar_wait_parity(&sm.q_empty[qs.buf], qs.phase ^ 1);   // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(&sm.q_full[qs.buf], FA3C_FWD_BLOCK_M(D) * D * 2);
-        load_q_tile<D>(sm.q[qs.buf], p, &sm.q_full[qs.buf], t);
+        mbar_wait_parity(&sm.q_empty, q_phase_of(q_uses++) ^ 1);   // a fresh barrier passes parity 1 at once
+        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
+        load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             int s = stage_of(ring, STAGES);
             uint32_t ph = phase_of(ring, STAGES);
@@ -503,30 +482,22 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
 }
 
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
-// tiles of this CTA (ring slot and parity); `q` this tile's Q buffer and
+// tiles of this CTA (ring slot and parity); `q_phase` this tile's Q barrier
 // parity. The warpgroups alternate turns across tiles too: each takes the
 // same number of turns per tile (one per key block, plus one).
-// Fused tiles (FA3C_FWD_FUSE_TILES): with `next` (its Q in `next_q`), the
-// last turn also issues the next tile's first Q·Kᵀ into `s_carried`, which
-// the tensor cores run during this tile's epilogue; the next tile is then
-// entered with `s_issued` and skips its first turn, so a fused pair takes
-// one turn less, alike in every warpgroup.
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, QSlot q, float *s_carried, bool s_issued,
-                               const FwdTile *next, QSlot next_q) {
+                               int consumer_index, int &ring, uint32_t q_phase) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2 &&
-                 FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS == 1
+        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
     };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
     float o[D / 2];
     uint32_t q_frag[Q_REGS ? D / 16 : 1][4];   // FA3C_FWD_Q_IN_REGS: this warp's Q rows
-    float s_local[BLOCK_N / 2];   // unfused: the scores live in this tile only
-    float *s = FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS == 2 ? s_carried : s_local;
+    float s[BLOCK_N / 2];
     uint32_t p_frag[BLOCK_N / 16][4];
     SoftmaxState st;
     softmax_init(st);
@@ -534,26 +505,24 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float rescale[2];
 
-    if (!s_issued) mbar_wait_parity(&sm.q_full[q.buf], q.phase);
+    mbar_wait_parity(&sm.q_full, q_phase);
     if (Q_REGS) {   // Q in registers: its smem is free for the next tile at once
-        load_q_fragments<D>(q_frag, sm.q[q.buf], consumer_index);
-        release(&sm.q_empty[q.buf]);
+        load_q_fragments<D>(q_frag, sm.q, consumer_index);
+        release(&sm.q_empty);
     }
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = t.n_end - 1;
     int cur = stage_of(ring, STAGES);
-    if (!s_issued) {
-        mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        wgmma_fence();
-        if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
-        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
-        wgmma_commit();
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        wgmma_wait<0>();
-        fence_regs<BLOCK_N / 2>(s);
-    }
+    mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wgmma_fence();
+    if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
+    else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
+    wgmma_commit();
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wgmma_wait<0>();
+    fence_regs<BLOCK_N / 2>(s);
     release(&sm.k_empty[cur]);
     prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
@@ -569,7 +538,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_fence();
         if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
-        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q[q.buf], sm.k[cur], consumer_index);
+        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
         wgmma_commit();
         if (!UNDER_PV) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
@@ -590,37 +559,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         if (UNDER_PV) rescale_output<D>(o, rescale);   // to block j's max
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     }
-    if (!Q_REGS) release(&sm.q_empty[q.buf]);   // every Q·Kᵀ of this tile has completed
+    if (!Q_REGS) release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
 
     // Last P·V.
     int last = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
-    if (next) {
-        // Fused: the next tile's first Q·Kᵀ is issued with it and runs during
-        // the epilogue. It is waited for before the tile ends, so no wgmma is
-        // pending across tiles. The two tails stay separate code: merged, with
-        // `if (next)` around the Q·Kᵀ and the waits, ptxas serializes the
-        // wgmma (C7515), as it does with a wgmma pending across tiles.
-        const int first = stage_of(ring, STAGES);
-        mbar_wait_parity(&sm.q_full[next_q.buf], next_q.phase);
-        mbar_wait_parity(&sm.k_full[first], phase_of(ring, STAGES));
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        if (!UNDER_PV) rescale_output<D>(o, rescale);
-        wgmma_fence();
-        gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
-        wgmma_commit();
-        gemm_qk<D, BLOCK_N, FP16>(s, sm.q[next_q.buf], sm.k[first], consumer_index);
-        wgmma_commit();
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        wgmma_wait<1>();   // the P·V; the next tile's S may still run
-        fence_regs<D / 2>(o);
-        release(&sm.v_empty[last]);
-        finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring);
-        wgmma_wait<0>();
-        fence_regs<BLOCK_N / 2>(s);
-        return;
-    }
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (!UNDER_PV) rescale_output<D>(o, rescale);
     wgmma_fence();
@@ -641,8 +585,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // use of the slot) and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
-                                    QSlot q) {
-    mbar_wait_parity(&sm.q_full[q.buf], q.phase);
+                                    uint32_t q_phase) {
+    mbar_wait_parity(&sm.q_full, q_phase);
     for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
         int s = stage_of(ring, STAGES);
         uint32_t ph = phase_of(ring, STAGES);
@@ -653,7 +597,7 @@ FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTi
         mbar_wait_parity(&sm.v_full[s], ph);
         release(&sm.v_empty[s]);
     }
-    release(&sm.q_empty[q.buf]);
+    release(&sm.q_empty);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
@@ -675,19 +619,10 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index), consumer_index);
 }
 
-// A tile every consumer computes (no rows past the end for any of them):
-// only such tiles are fused, so every warpgroup takes the same turns.
-template <int D>
-FA3C_DEVICE bool tile_is_full(const fa3c_fwd_kernel_params &p, const FwdTile &t) {
-    return !tile_is_empty(t) && t.m0 + (FA3C_FWD_CONSUMERS(D) - 1) * 64 < p.rows;
-}
-
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
-    enum { CONSUMERS = FA3C_FWD_CONSUMERS(D), Q_BUFS = FwdSmem<D, BLOCK_N, STAGES>::Q_BUFS };
-    float s[Q_BUFS == 2 ? BLOCK_N / 2 : 1];   // fused tiles: the next tile's first S, computed in this one
-    bool s_issued = false;
+    enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
@@ -695,22 +630,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile_is_empty(t)) {
             write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if (t.m0 + consumer_index * 64 >= p.rows) {
-            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_slot(q_uses++, Q_BUFS));
+            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
-            // Fused with the next step's tile when both are full (two Q buffers only).
-            FwdTile next;
-            bool fuse = false;
-            if (Q_BUFS == 2 && tile_is_full<D>(p, t)) {
-                int next_tile = tile_of_step(p, step + 1, KernelCta());
-                if (next_tile != NO_MORE_TILES && next_tile != SKIP_STEP) {
-                    next = tile_at(p, next_tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
-                    fuse = tile_is_full<D>(p, next);
-                }
-            }
-            const QSlot q = q_slot(q_uses++, Q_BUFS);
-            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q, s, s_issued,
-                                                    fuse ? &next : nullptr, q_slot(q_uses, Q_BUFS));
-            s_issued = fuse;
+            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
@@ -729,10 +651,8 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
         if (p.out_tma) tma_prefetch_map(&p.o_map);
-        for (int b = 0; b < Smem::Q_BUFS; b++) {
-            mbar_init(&sm.q_full[b], 1);
-            mbar_init(&sm.q_empty[b], 4 * FA3C_FWD_CONSUMERS(D));   // one per consumer warp
-        }
+        mbar_init(&sm.q_full, 1);
+        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));   // one per consumer warp
         mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D));               // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);

@@ -89,26 +89,16 @@
 #ifndef FA3C_FWD_O_IN_V
 #define FA3C_FWD_O_IN_V 1
 #endif
-/* 1: where two Q buffers fit (hdim 64, 96, 128), a consumer issues the next
- * tile's first Q·Kᵀ together with this tile's last P·V, so the tensor cores
- * run it during this tile's epilogue (fwd_sm90.cuh, consumer_tile), and the
- * producer loads the next tile's Q into the other buffer meanwhile. 0: each
- * tile starts with its own Q·Kᵀ turn. An experiment: not yet tested or
- * measured on the GPU (the tile boundary was ~10% of the warp samples at 2k,
- * bench/RESULTS.md run 21). */
-#ifndef FA3C_FWD_FUSE_TILES
-#define FA3C_FWD_FUSE_TILES 0
-#endif
-/* 1: for hdim 128 (2 consumers with 240 registers, one Q buffer; hdim 64's
+/* 1 (default): for hdim 128 (2 consumers with 240 registers; hdim 64's
  * 160-register consumers spill with it), each consumer loads its Q rows into
  * registers once per tile (ldmatrix) and issues Q·Kᵀ with A from registers
  * (wgmma_rsk), so Q is read from smem once per tile instead of once per key
- * block (a fifth of the loop's smem reads: energy, and the card runs at its
- * power cap, bench/RESULTS.md run 21), and its smem is released at once, so
- * the next tile's Q loads during this one. Costs D / 4 registers. 0: Q·Kᵀ
- * from smem. An experiment: not yet tested or measured on the GPU. */
+ * block (a fifth of the loop's smem reads), and its smem is released at once,
+ * so the next tile's Q loads during this one. Costs D / 4 registers. 0: Q·Kᵀ
+ * from smem. Measured +0.2-5% on hdim 128, most at seqlen 512
+ * (bench/RESULTS.md run 23). */
 #ifndef FA3C_FWD_Q_IN_REGS
-#define FA3C_FWD_Q_IN_REGS 0
+#define FA3C_FWD_Q_IN_REGS 1
 #endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
