@@ -39,6 +39,6 @@ grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
 [ -f "$OUT/tune_stdout.txt" ] && tail -14 "$OUT/tune_stdout.txt"
 # At most 8 files come back from the machine: keep the ones read first, pack the rest.
 (cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|decode|grid)$' &&
-  rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png grid/plot.png 2>/dev/null)" &&
+  rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png grid/plot.png 2>/dev/null; true)" &&
   { [ -z "${rest// /}" ] || { tar czf session_logs.tar.gz $rest && rm -rf $rest; }; })
 exit 0

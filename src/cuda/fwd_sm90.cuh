@@ -481,11 +481,30 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
     release_o_staging(&sm.o_free, staged);
 }
 
+// A key block this warpgroup does not compute, with the barrier protocol of
+// one it does: its turn (taken at once, so the others lose no time), and the
+// release of its ring slot after a wait on the slot's full barriers, so that
+// the release counts for this use of the slot.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring) {
+    int s = stage_of(ring, STAGES);
+    uint32_t ph = phase_of(ring, STAGES);
+    ring++;
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    mbar_wait_parity(&sm.k_full[s], ph);
+    release(&sm.k_empty[s]);
+    mbar_wait_parity(&sm.v_full[s], ph);
+    release(&sm.v_empty[s]);
+}
+
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
 // tiles of this CTA (ring slot and parity); `q_phase` this tile's Q barrier
 // parity. The warpgroups alternate turns across tiles too: each takes the
-// same number of turns per tile (one per key block, plus one).
-template <int D, int BLOCK_N, int STAGES, int FP16>
+// same number of turns per tile (one per key block, plus one). SKIP_MASKED:
+// the leading key blocks masked for all of this warpgroup's rows are skipped
+// (their turns taken empty), and its own unmasked range is used.
+template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                int consumer_index, int &ring, uint32_t q_phase) {
     enum {
@@ -511,8 +530,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         release(&sm.q_empty);
     }
 
+    // The blocks masked for all of this warpgroup's rows come first: skipped.
+    const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
+    if (SKIP_MASKED) for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
+
     // First key block: S only; its P·V is issued with the next block's S.
-    int n = t.n_end - 1;
+    int n = w.n_end - 1;
     int cur = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
@@ -524,7 +547,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     release(&sm.k_empty[cur]);
-    prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
+    prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
 
@@ -549,7 +572,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         release(&sm.k_empty[cur]);
-        prepare_scores<BLOCK_N>(s, p, t, row0, n, quad);
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
         softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
 
@@ -581,22 +604,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
 // packed rows in a 128-row tile) computes nothing, but keeps the barrier
 // protocol of consumer_tile: the same waits and releases of every ring slot
-// (a wait on a slot's full barrier first, so its release counts for that
-// use of the slot) and the same number of turns.
+// and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
                                     uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
-    for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-        int s = stage_of(ring, STAGES);
-        uint32_t ph = phase_of(ring, STAGES);
-        mbar_wait_parity(&sm.k_full[s], ph);
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        release(&sm.k_empty[s]);
-        mbar_wait_parity(&sm.v_full[s], ph);
-        release(&sm.v_empty[s]);
-    }
+    for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
     release(&sm.q_empty);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
@@ -632,7 +645,14 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         } else if (t.m0 + consumer_index * 64 >= p.rows) {
             idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
-            consumer_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+            // Only rows with a last key (causal, window) can have leading
+            // blocks masked for a whole warpgroup. The skipping code is a
+            // separate copy: its ring position differs per warpgroup, which
+            // costs uniform registers in the loop (2% without masks, run 24).
+            if (p.window_right >= 0)
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+            else
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced

@@ -67,6 +67,21 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
 
 FA3C_HOST_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; }
 
+// What the consumer warpgroup of rows [t.m0 + 64 * index, + 64) needs of a
+// non-empty tile: the key blocks past its last row's reach (causal, window)
+// are masked for all its rows, and they come first in the walk (from n_end - 1
+// down), so it skips them (one block is always kept: rows that see no key
+// still come out as zeros and -inf on the usual path); and its unmasked range,
+// which may be wider than the tile's, so it masks fewer blocks.
+FA3C_HOST_DEVICE FwdTile warpgroup_part(const fa3c_fwd_kernel_params &p, const FwdTile &t, int index, int block_n) {
+    FwdTile w = t;
+    int m0 = t.m0 + 64 * index, begin, end;
+    key_block_range(p, m0, 64, block_n, begin, end);
+    w.n_end = max(min(end, t.n_end), t.n_begin + 1);
+    unmasked_block_range(p, m0, 64, block_n, w.u_begin, w.u_end);
+    return w;
+}
+
 // 1 when some element of key block n is masked for some row of the tile
 // (uniform over the CTA, so the mask is skipped without divergence).
 FA3C_HOST_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }

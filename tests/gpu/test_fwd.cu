@@ -256,6 +256,31 @@ TEST(fwd_causal_sq_ne_sk) {
     c.causal = 1;
     run_case("causal sq>sk", c);
 }
+// A consumer warpgroup skips the leading key blocks masked for all its rows
+// (warpgroup_part): 192-row tiles (hdim 64), key blocks of 112 and 80 keys
+// (hdim 192, 256) that do not line up with the 64-row warpgroups, with split
+// KV, a window's right side and GQA packing.
+TEST(fwd_warpgroup_skips_masked_blocks) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 3, 512, 512, 2, 64);
+    c.causal = 1;
+    run_case("causal hdim64 512", c);
+    c = base_case(BF16, 1, 400, 400, 2, 192);
+    c.causal = 1;
+    run_case("causal hdim192", c);
+    c = base_case(FP16, 1, 300, 900, 2, 96);
+    c.causal = 1;
+    c.num_splits = 3;
+    run_case("fp16 hdim96 causal sq<sk, 3 splits", c);
+    c = base_case(BF16, 1, 500, 500, 2, 256);
+    c.window_left = 50;
+    c.window_right = 20;
+    run_case("hdim256 window (50, 20)", c);
+    c = base_case(BF16, 1, 200, 240, 12, 64);   // 6 heads per KV head packed (rows = query x head): the
+    c.heads_kv = 2;                              // first warpgroup of rows 384-575 skips key block 1
+    c.causal = 1;
+    run_case("gqa 6 packed, causal", c);
+}
 TEST(fwd_gqa_8_and_6) {
     REQUIRE_SM90();
     fwd_case c = base_case(BF16, 2, 300, 300, 16, 128);

@@ -8,7 +8,9 @@
 //   - the splits of a row block cover exactly the key blocks its rows need,
 //     without overlap;
 //   - the key blocks said to need no mask need none for any row, and every
-//     key a row may see lies in the tile's blocks.
+//     key a row may see lies in the tile's blocks;
+//   - the same for each consumer warpgroup's part of a tile (the key blocks
+//     it skips hold no key of its rows).
 #include <string.h>
 #include "harness.h"
 #include "testutil.h"
@@ -119,6 +121,29 @@ static int check_plan(const plan_case *c) {
             for (int n = t.u_begin; n < t.u_end && ok; n++) {
                 ok = lo <= n * c->block_n && (n + 1) * c->block_n - 1 <= hi;
                 CHECK(ok, "%s: row %d keys [%d, %d], block %d said unmasked", what, row, lo, hi, n);
+            }
+        }
+        // Each computing warpgroup's part: it keeps at least one block, the
+        // blocks it skips hold no key of its rows, its unmasked blocks mask none.
+        for (int wg = 0; wg < c->block_m / 64 && ok && !tile_is_empty(t); wg++) {
+            int first = t.m0 + 64 * wg;
+            if (first >= p.rows) break;
+            FwdTile w = warpgroup_part(p, t, wg, c->block_n);
+            ok = w.n_begin == t.n_begin && w.n_end > t.n_begin && w.n_end <= t.n_end;
+            CHECK(ok, "%s: tile %d warpgroup %d keeps blocks [%d, %d) of [%d, %d)", what, tile, wg, w.n_begin,
+                  w.n_end, t.n_begin, t.n_end);
+            for (int row = first; row <= last_row(p, first, 64) && ok; row++) {
+                int lo, hi;
+                key_range(p, row, lo, hi);
+                if (lo > hi) continue;
+                ok = hi < w.n_end * c->block_n || w.n_end == t.n_end;
+                CHECK(ok, "%s: tile %d warpgroup %d row %d sees key %d, past its blocks [%d, %d)", what, tile, wg, row,
+                      hi, w.n_begin, w.n_end);
+                for (int n = max(w.u_begin, w.n_begin); n < min(w.u_end, w.n_end) && ok; n++) {
+                    ok = lo <= n * c->block_n && (n + 1) * c->block_n - 1 <= hi;
+                    CHECK(ok, "%s: warpgroup %d row %d keys [%d, %d], block %d said unmasked", what, wg, row, lo,
+                          hi, n);
+                }
             }
         }
     }
