@@ -23,7 +23,8 @@ echo "ncu rc=$?"; tail -3 "$OUT/profile_run.log"
 ncu --import "$OUT/prof.ncu-rep" --page details >"$OUT/details.txt" 2>&1
 { ncu --import "$OUT/prof.ncu-rep" --page source --csv --print-source sass 2>&1 ||
   ncu --import "$OUT/prof.ncu-rep" --page source --csv 2>&1; } | gzip >"$OUT/source_sass.csv.gz"
-obj=$(find $dir -name 'fwd_bf16_hdim128.cu.o' | head -1)
+inst=${PROFILE_INSTANCES:-bf16_hdim128}
+obj=$(find $dir -name "fwd_${inst%%;*}.cu.o" | head -1)
 [ -n "$obj" ] && cuobjdump --dump-sass "$obj" | gzip >"$OUT/sass.txt.gz"
 rm -f "$OUT/prof.ncu-rep"
 grep -E "^ +(Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|One or More Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Warp Cycles Per Issued Instruction)" "$OUT/details.txt" | head -20
