@@ -532,7 +532,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 
     // The blocks masked for all of this warpgroup's rows come first: skipped.
     const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
-    if (SKIP_MASKED) for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
+    if (SKIP_MASKED)
+        for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = w.n_end - 1;

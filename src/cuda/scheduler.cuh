@@ -82,8 +82,9 @@ FA3C_HOST_DEVICE FwdTile warpgroup_part(const fa3c_fwd_kernel_params &p, const F
     return w;
 }
 
-// 1 when some element of key block n is masked for some row of the tile
-// (uniform over the CTA, so the mask is skipped without divergence).
+// 1 when some element of key block n is masked for some row of the tile (or
+// of the warpgroup, for a warpgroup_part): uniform over the warpgroup, so the
+// mask is skipped without divergence.
 FA3C_HOST_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
 
 // Which CTA of how many: read from the hardware in the kernel (only where
