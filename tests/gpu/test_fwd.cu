@@ -268,10 +268,14 @@ TEST(fwd_warpgroup_skips_masked_blocks) {
     c = base_case(BF16, 1, 400, 400, 2, 192);
     c.causal = 1;
     run_case("causal hdim192", c);
-    c = base_case(FP16, 1, 300, 900, 2, 96);
-    c.causal = 1;
+    c = base_case(FP16, 1, 300, 900, 2, 256);   // 12 blocks of 80 keys, 4 per split: in split 2 the
+    c.causal = 1;                                // first warpgroup of rows 0-127 skips key block 9
     c.num_splits = 3;
-    run_case("fp16 hdim96 causal sq<sk, 3 splits", c);
+    run_case("fp16 hdim256 causal sq<sk, 3 splits", c);
+    c = base_case(BF16, 2, 512, 512, 2, 64);     // split 0 of rows 0-191: warpgroups 0 and 1 skip block 1
+    c.causal = 1;
+    c.num_splits = 2;
+    run_case("causal hdim64, 2 splits", c);
     c = base_case(BF16, 1, 500, 500, 2, 256);
     c.window_left = 50;
     c.window_right = 20;
