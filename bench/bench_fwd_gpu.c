@@ -2,9 +2,11 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--decode] [--csv FILE]
  * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too).
- * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim. */
+ * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
+ * --decode: bench.py's six decode shapes instead (seqlen_q 1, split-KV on auto); the
+ * seqlen column is seqlen_k, and the last column is GB/s of q, k, v and out, not TFLOPS. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -44,15 +46,114 @@ static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
     }
 }
 
+/* Median time of one call in ms: warm-up, then 30 timings of enough calls
+ * for >= 5 ms each, so the host cost of a call hides behind the previous kernel. */
+static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1) {
+    CUDA_TRY(cudaDeviceSynchronize());
+    for (int w = 0; w < 10; w++) fa3c_fwd(p, NULL);
+    CUDA_TRY(cudaEventRecord(e0, 0));
+    fa3c_fwd(p, NULL);
+    CUDA_TRY(cudaEventRecord(e1, 0));
+    CUDA_TRY(cudaEventSynchronize(e1));
+    float one;
+    CUDA_TRY(cudaEventElapsedTime(&one, e0, e1));
+    int inner = one > 1.f ? 5 : (int)(5.f / (one + 1e-3f)) + 5;
+    float times[30];
+    for (int r = 0; r < 30; r++) {
+        CUDA_TRY(cudaEventRecord(e0, 0));
+        for (int i = 0; i < inner; i++) fa3c_fwd(p, NULL);
+        CUDA_TRY(cudaEventRecord(e1, 0));
+        CUDA_TRY(cudaEventSynchronize(e1));
+        CUDA_TRY(cudaEventElapsedTime(&times[r], e0, e1));
+        times[r] /= inner;
+    }
+    CUDA_TRY(cudaGetLastError());
+    qsort(times, 30, sizeof(float), cmp_float);
+    return times[15];
+}
+
+/* Dense (batch, seq, heads, D) strides of one tensor. */
+static void set_dense(fa3c_tensor *t, void *data, int seq, int heads, int d) {
+    t->data = data;
+    t->stride[3] = 1;
+    t->stride[2] = d;
+    t->stride[1] = (int64_t)heads * d;
+    t->stride[0] = (int64_t)seq * heads * d;
+}
+
+/* Random bf16 over a device buffer of any size: copies of one host chunk
+ * (random data, like the grid's: constant data would draw less power). */
+static void fill_device_random(void *dst, size_t bytes, uint64_t seed) {
+    enum { CHUNK = 1 << 24 };   /* elements */
+    uint16_t *h = (uint16_t *)malloc((size_t)CHUNK * 2);
+    fill_random_bf16(h, CHUNK, seed);
+    for (size_t off = 0; off < bytes; off += (size_t)CHUNK * 2) {
+        size_t n = bytes - off < (size_t)CHUNK * 2 ? bytes - off : (size_t)CHUNK * 2;
+        CUDA_TRY(cudaMemcpy((char *)dst + off, h, n, cudaMemcpyHostToDevice));
+    }
+    free(h);
+}
+
+/* bench.py's decode shapes: one query per sequence, GQA, long key sequences. */
+static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
+    static const int shapes[][5] = {/* hdim, batch, seqlen_k, heads_q, heads_kv */
+                                    {64, 16, 16384, 16, 2},  {128, 32, 4096, 32, 32},  {128, 8, 8192, 32, 8},
+                                    {128, 8, 32768, 32, 8},  {128, 1, 131072, 64, 8}, {256, 4, 16384, 32, 4}};
+    for (int i = 0; i < 6; i++) {
+        int d = shapes[i][0], b = shapes[i][1], sk = shapes[i][2], hq = shapes[i][3], hkv = shapes[i][4];
+        size_t q_bytes = (size_t)b * hq * d * 2, kv_bytes = (size_t)b * sk * hkv * d * 2;
+        void *q, *k, *v, *o;
+        float *lse;
+        CUDA_TRY(cudaMalloc(&q, q_bytes));
+        CUDA_TRY(cudaMalloc(&k, kv_bytes));
+        CUDA_TRY(cudaMalloc(&v, kv_bytes));
+        CUDA_TRY(cudaMalloc(&o, q_bytes));
+        CUDA_TRY(cudaMalloc((void **)&lse, (size_t)b * hq * 4));
+        fill_device_random(q, q_bytes, 1);
+        fill_device_random(k, kv_bytes, 2);
+        fill_device_random(v, kv_bytes, 3);
+        fa3c_fwd_params p;
+        fa3c_fwd_params_init(&p);
+        p.problem.dtype = FA3C_DTYPE_BF16;
+        p.problem.batch = b;
+        p.problem.seqlen_q = 1;
+        p.problem.seqlen_k = sk;
+        p.problem.heads_q = hq;
+        p.problem.heads_kv = hkv;
+        p.problem.headdim = d;
+        set_dense(&p.q, q, 1, hq, d);
+        set_dense(&p.k, k, sk, hkv, d);
+        set_dense(&p.v, v, sk, hkv, d);
+        set_dense(&p.out, o, 1, hq, d);
+        p.lse = lse;
+        p.backend = FA3C_BACKEND_CUDA;
+        fa3c_status st = fa3c_fwd(&p, NULL);
+        if (st != FA3C_STATUS_OK) {
+            printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, 0, sk, b, hq, fa3c_last_error());
+        } else {
+            double ms = time_call(&p, e0, e1);
+            double gbs = (2.0 * q_bytes + 2.0 * kv_bytes) / (ms * 1e-3) / 1e9;
+            printf("%-5d %-6d %-6d %-5d %-5d %9.4f %8.1f\n", d, 0, sk, b, hq, ms, gbs);
+            if (out) fprintf(out, "%d,%d,%d,%d,%d,%.5f,%.1f\n", d, 0, sk, b, hq, ms, gbs);
+        }
+        cudaFree(q);
+        cudaFree(k);
+        cudaFree(v);
+        cudaFree(o);
+        cudaFree(lse);
+    }
+}
+
 int main(int argc, char **argv) {
-    int quick = 0, picked[5] = {0}, npicked = 0;
+    int quick = 0, decode = 0, picked[5] = {0}, npicked = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--hdim") && i + 1 < argc && npicked < 5) picked[npicked++] = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--csv FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--decode] [--csv FILE]\n", argv[0]);
             return 2;
         }
     }
@@ -62,6 +163,15 @@ int main(int argc, char **argv) {
     }
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops\n");
+    cudaEvent_t e0, e1;
+    CUDA_TRY(cudaEventCreate(&e0));
+    CUDA_TRY(cudaEventCreate(&e1));
+    if (decode) {
+        printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "GB/s");
+        bench_decode(out, e0, e1);
+        if (out) fclose(out);
+        return 0;
+    }
     const int hdims[] = {64, 96, 128, 192, 256};
     const int seqlens_full[] = {512, 1024, 2048, 4096, 8192, 16384};
     const int seqlens_quick[] = {512, 2048, 8192};
@@ -81,9 +191,6 @@ int main(int argc, char **argv) {
         CUDA_TRY(cudaMemcpy(i == 0 ? q : i == 1 ? k : v, h, total * 2, cudaMemcpyHostToDevice));
     }
     free(h);
-    cudaEvent_t e0, e1;
-    CUDA_TRY(cudaEventCreate(&e0));
-    CUDA_TRY(cudaEventCreate(&e1));
     printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "TFLOPS");
     for (int hi = 0; hi < 5; hi++) {
         int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192;
@@ -100,15 +207,10 @@ int main(int argc, char **argv) {
                 p.problem.heads_q = p.problem.heads_kv = heads;
                 p.problem.headdim = d;
                 p.problem.causal = causal;
-                void *bufs[4] = {q, k, v, o};
-                fa3c_tensor *ts[4] = {&p.q, &p.k, &p.v, &p.out};
-                for (int t = 0; t < 4; t++) {
-                    ts[t]->data = bufs[t];
-                    ts[t]->stride[3] = 1;
-                    ts[t]->stride[2] = d;
-                    ts[t]->stride[1] = (int64_t)heads * d;
-                    ts[t]->stride[0] = (int64_t)s * heads * d;
-                }
+                set_dense(&p.q, q, s, heads, d);
+                set_dense(&p.k, k, s, heads, d);
+                set_dense(&p.v, v, s, heads, d);
+                set_dense(&p.out, o, s, heads, d);
                 p.lse = lse;
                 p.backend = FA3C_BACKEND_CUDA;
                 fa3c_status st = fa3c_fwd(&p, NULL);
@@ -116,29 +218,7 @@ int main(int argc, char **argv) {
                     printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, causal, s, b, heads, fa3c_last_error());
                     continue;
                 }
-                CUDA_TRY(cudaDeviceSynchronize());
-                /* warm-up ~ 50 ms, then 30 timed runs of enough calls for >= 1 ms each */
-                for (int w = 0; w < 10; w++) fa3c_fwd(&p, NULL);
-                CUDA_TRY(cudaEventRecord(e0, 0));
-                fa3c_fwd(&p, NULL);
-                CUDA_TRY(cudaEventRecord(e1, 0));
-                CUDA_TRY(cudaEventSynchronize(e1));
-                float one;
-                CUDA_TRY(cudaEventElapsedTime(&one, e0, e1));
-                /* >= 5 calls per timing, so the host cost of a call hides behind the previous kernel */
-                int inner = one > 1.f ? 5 : (int)(5.f / (one + 1e-3f)) + 5;
-                float times[30];
-                for (int r = 0; r < 30; r++) {
-                    CUDA_TRY(cudaEventRecord(e0, 0));
-                    for (int i = 0; i < inner; i++) fa3c_fwd(&p, NULL);
-                    CUDA_TRY(cudaEventRecord(e1, 0));
-                    CUDA_TRY(cudaEventSynchronize(e1));
-                    CUDA_TRY(cudaEventElapsedTime(&times[r], e0, e1));
-                    times[r] /= inner;
-                }
-                CUDA_TRY(cudaGetLastError());
-                qsort(times, 30, sizeof(float), cmp_float);
-                double ms = times[15];
+                double ms = time_call(&p, e0, e1);
                 double flops = 4.0 * b * heads * (double)s * s * d / (causal ? 2 : 1);
                 double tflops = flops / (ms * 1e-3) / 1e12;
                 printf("%-5d %-6d %-6d %-5d %-5d %9.4f %8.1f\n", d, causal, s, b, heads, ms, tflops);

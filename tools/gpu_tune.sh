@@ -10,7 +10,7 @@
 # "name@dir" builds another source tree (e.g. an export of an older commit:
 # git archive HEAD~1 | tar -x -C .ab/old), to compare versions in one run.
 # TUNE_INSTANCES: default instance list; TUNE_BENCH_ARGS: extra bench flags
-# (--hdim 128); TUNE_ROUNDS: rounds (default 3).
+# (--hdim 128, or --decode for the six decode shapes in GB/s); TUNE_ROUNDS: rounds (default 3).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 T="$OUT/tune.d"   # per-variant logs, packed into $OUT/tune_logs.tar.gz at the end

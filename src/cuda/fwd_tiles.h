@@ -100,6 +100,15 @@
 #ifndef FA3C_FWD_Q_IN_REGS
 #define FA3C_FWD_Q_IN_REGS 1
 #endif
+/* 1: the split-KV combine kernel is launched with programmatic dependent
+ * launch (fwd_combine.cu): it is staged while the forward kernel runs, whose
+ * CTAs release it at their start, and waits on the GPU for the forward
+ * kernel's results instead of the launch waiting for its end. 0: a plain
+ * launch. An experiment for decode (about 1-3 us per call): not yet run on
+ * a GPU. */
+#ifndef FA3C_FWD_PDL_COMBINE
+#define FA3C_FWD_PDL_COMBINE 0
+#endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 
