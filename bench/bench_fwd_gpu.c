@@ -81,14 +81,15 @@ static void set_dense(fa3c_tensor *t, void *data, int seq, int heads, int d) {
     t->stride[0] = (int64_t)seq * heads * d;
 }
 
-/* Random bf16 over a device buffer of any size: copies of one host chunk
- * (random data, like the grid's: constant data would draw less power). */
+/* Random bf16 over a device buffer: one host chunk of up to 64 M elements
+ * (the whole grid buffer), copied as often as the buffer needs (random data:
+ * constant data would draw less power). */
 static void fill_device_random(void *dst, size_t bytes, uint64_t seed) {
-    enum { CHUNK = 1 << 24 };   /* elements */
-    uint16_t *h = (uint16_t *)malloc((size_t)CHUNK * 2);
-    fill_random_bf16(h, CHUNK, seed);
-    for (size_t off = 0; off < bytes; off += (size_t)CHUNK * 2) {
-        size_t n = bytes - off < (size_t)CHUNK * 2 ? bytes - off : (size_t)CHUNK * 2;
+    size_t chunk = bytes < ((size_t)2 << 26) ? bytes : (size_t)2 << 26;   /* bytes */
+    uint16_t *h = (uint16_t *)malloc(chunk);
+    fill_random_bf16(h, chunk / 2, seed);
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
         CUDA_TRY(cudaMemcpy((char *)dst + off, h, n, cudaMemcpyHostToDevice));
     }
     free(h);
@@ -185,12 +186,9 @@ int main(int argc, char **argv) {
     CUDA_TRY(cudaMalloc(&v, total * 2));
     CUDA_TRY(cudaMalloc(&o, total * 2));
     CUDA_TRY(cudaMalloc((void **)&lse, 16384ull * 64 * 4));
-    uint16_t *h = (uint16_t *)malloc(total * 2);
-    for (int i = 0; i < 3; i++) {
-        fill_random_bf16(h, total, 1234 + i);
-        CUDA_TRY(cudaMemcpy(i == 0 ? q : i == 1 ? k : v, h, total * 2, cudaMemcpyHostToDevice));
-    }
-    free(h);
+    fill_device_random(q, total * 2, 1234);
+    fill_device_random(k, total * 2, 1235);
+    fill_device_random(v, total * 2, 1236);
     printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "TFLOPS");
     for (int hi = 0; hi < 5; hi++) {
         int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192;

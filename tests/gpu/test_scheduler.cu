@@ -53,6 +53,14 @@ static plan_case random_case(void) {
     return c;
 }
 
+// The first of key blocks [begin, end) that masks some key of a row seeing
+// keys [lo, hi], or -1: blocks said to need no mask must hold only seen keys.
+static int masked_block_in(int begin, int end, int lo, int hi, int block_n) {
+    for (int n = begin; n < end; n++)
+        if (lo > n * block_n || (n + 1) * block_n - 1 > hi) return n;
+    return -1;
+}
+
 // Checks one plan; returns 0 (after CHECK failures) when something is wrong.
 static int check_plan(const plan_case *c) {
     const fa3c_problem *pr = &c->pr;
@@ -118,10 +126,9 @@ static int check_plan(const plan_case *c) {
             if (lo > hi) continue;   // a fully masked row
             ok = lo / c->block_n >= full_begin && hi / c->block_n < full_end;
             CHECK(ok, "%s: row %d keys [%d, %d] outside blocks [%d, %d)", what, row, lo, hi, full_begin, full_end);
-            for (int n = t.u_begin; n < t.u_end && ok; n++) {
-                ok = lo <= n * c->block_n && (n + 1) * c->block_n - 1 <= hi;
-                CHECK(ok, "%s: row %d keys [%d, %d], block %d said unmasked", what, row, lo, hi, n);
-            }
+            int bad = ok ? masked_block_in(t.u_begin, t.u_end, lo, hi, c->block_n) : -1;
+            ok = ok && bad < 0;
+            CHECK(bad < 0, "%s: row %d keys [%d, %d], block %d said unmasked", what, row, lo, hi, bad);
         }
         // Each computing warpgroup's part: it keeps at least one block, the
         // blocks it skips hold no key of its rows, its unmasked blocks mask none.
@@ -139,11 +146,11 @@ static int check_plan(const plan_case *c) {
                 ok = hi < w.n_end * c->block_n || w.n_end == t.n_end;
                 CHECK(ok, "%s: tile %d warpgroup %d row %d sees key %d, past its blocks [%d, %d)", what, tile, wg, row,
                       hi, w.n_begin, w.n_end);
-                for (int n = max(w.u_begin, w.n_begin); n < min(w.u_end, w.n_end) && ok; n++) {
-                    ok = lo <= n * c->block_n && (n + 1) * c->block_n - 1 <= hi;
-                    CHECK(ok, "%s: warpgroup %d row %d keys [%d, %d], block %d said unmasked", what, wg, row, lo,
-                          hi, n);
-                }
+                int bad = ok ? masked_block_in(max(w.u_begin, w.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n)
+                             : -1;
+                ok = ok && bad < 0;
+                CHECK(bad < 0, "%s: warpgroup %d row %d keys [%d, %d], block %d said unmasked", what, wg, row, lo, hi,
+                      bad);
             }
         }
     }
