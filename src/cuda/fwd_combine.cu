@@ -9,7 +9,6 @@
 #include "backend.h"
 #include "fwd_combine.h"
 #include "ptx.cuh"
-#include "fwd_tiles.h"
 
 enum { COMBINE_WARPS = 4 };
 
@@ -29,9 +28,6 @@ static __device__ __forceinline__ float warp_sum(float x) {
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const fa3c_fwd_kernel_params p, int headdim,
                                                                          int fp16) {
     __shared__ float weights[COMBINE_WARPS][FA3C_MAX_SPLITS];
-    // Launched as a programmatic dependent (FA3C_FWD_PDL_COMBINE): the forward
-    // kernel may still be running; its partial results are visible after this.
-    if (FA3C_FWD_PDL_COMBINE) wait_for_prerequisite_grid();
     const int64_t rows = (int64_t)p.batch * p.heads_q * p.seqlen_q;   // (batch, head, query), row-major
     const int64_t row = (int64_t)blockIdx.x * COMBINE_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -76,22 +72,8 @@ extern "C" fa3c_status fa3c_fwd_combine(const fa3c_fwd_kernel_params *p, int hea
     int64_t blocks = (rows + COMBINE_WARPS - 1) / COMBINE_WARPS;
     if (blocks > INT32_MAX)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "split-KV combine: %lld rows are too many", (long long)rows);
-    cudaError_t e;
-    if (FA3C_FWD_PDL_COMBINE) {
-        cudaLaunchAttribute attr;
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)blocks);
-        cfg.blockDim = dim3(32 * COMBINE_WARPS);
-        cfg.stream = (cudaStream_t)stream;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-        e = cudaLaunchKernelEx(&cfg, fwd_combine_kernel, *p, headdim, fp16);
-    } else {
-        fwd_combine_kernel<<<(unsigned)blocks, 32 * COMBINE_WARPS, 0, (cudaStream_t)stream>>>(*p, headdim, fp16);
-        e = cudaGetLastError();
-    }
+    fwd_combine_kernel<<<(unsigned)blocks, 32 * COMBINE_WARPS, 0, (cudaStream_t)stream>>>(*p, headdim, fp16);
+    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "split-KV combine kernel launch failed: %s", cudaGetErrorString(e));
     return FA3C_STATUS_OK;

@@ -666,9 +666,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
     typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
     extern __shared__ uint8_t smem_raw[];
     Smem &sm = *(Smem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    // All CTAs are resident once they all got here, so a split-KV combine
-    // staged now (FA3C_FWD_PDL_COMBINE) cannot take an SM a CTA still needs.
-    if (FA3C_FWD_PDL_COMBINE) launch_dependents();
 
     if (threadIdx.x == 0) {
         tma_prefetch_map(&p.q_map);

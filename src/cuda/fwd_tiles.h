@@ -14,7 +14,8 @@
  *             (the accumulator of 64x256 already takes 128 registers per
  *             thread; N 80 keeps S small)
  * Measured on the H200 (bench/RESULTS.md): N 80 beat N 64 for hdim 256 by 6%
- * at 8k; N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
+ * at 8k (again in run 28: N 64 +6% only at causal 512, 2-6% slower from
+ * 2k); N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
  * causal, and with the TMA-store epilogue (no smem left for it at N 176) it
  * lost at 2k and tied at 8k (run 19); N 192 for hdim 64 lost like N 176 did:
  * both kept at 128. 2 consumers (128 rows) for hdim 64: +6% causal at 512,
@@ -99,15 +100,6 @@
  * (bench/RESULTS.md run 23). */
 #ifndef FA3C_FWD_Q_IN_REGS
 #define FA3C_FWD_Q_IN_REGS 1
-#endif
-/* 1: the split-KV combine kernel is launched with programmatic dependent
- * launch (fwd_combine.cu): it is staged while the forward kernel runs, whose
- * CTAs release it at their start, and waits on the GPU for the forward
- * kernel's results instead of the launch waiting for its end. 0: a plain
- * launch. An experiment for decode (about 1-3 us per call): not yet run on
- * a GPU. */
-#ifndef FA3C_FWD_PDL_COMBINE
-#define FA3C_FWD_PDL_COMBINE 0
 #endif
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)

@@ -274,13 +274,3 @@ FA3C_DEVICE uint32_t pack_f16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-
-// ---- programmatic dependent launch (PTX ISA 9.7.13.12, griddepcontrol) ---------
-
-// Let the grid launched after this one (with programmatic stream
-// serialization) be scheduled once every CTA of this grid has said so or
-// exited. No effect on a normal launch.
-FA3C_DEVICE void launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-// Wait until the grid this one depends on has completed and its memory
-// writes are visible. Returns at once on a normal launch.
-FA3C_DEVICE void wait_for_prerequisite_grid(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
