@@ -25,6 +25,7 @@
 #include "mask.cuh"
 #include "softmax.cuh"
 #include "scheduler.cuh"
+#include "stream_k.cuh"
 
 // Named-barrier ids (0 is __syncthreads): per consumer warpgroup, one for
 // the turn-taking (pingpong; round robin with 3 warpgroups) and one for its
@@ -75,6 +76,7 @@ struct FwdSmem {
     uint64_t v_full[STAGES], v_empty[STAGES];
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
+    int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
@@ -145,6 +147,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
         if (tile_is_empty(t)) continue;
         const int tile_count = q_uses;   // tiles loaded before this one
         mbar_wait_parity(&sm.q_empty, q_phase_of(q_uses++) ^ 1);   // a fresh barrier passes parity 1 at once
@@ -464,20 +467,30 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 // ---- consumer ------------------------------------------------------------------
 
 // The epilogue of a tile, through the O staging of this build (O_STAGE_*).
-// `ring` is past the tile's last key block.
+// `ring` is past the tile's last key block; `step` the CTA's step (for the
+// stream-K cut, if any).
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring) {
+                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
+                             int step) {
+    // A piece of a stream-K cut tile: the piece that finishes second writes
+    // it. (One structured path for both: an early return for the other made
+    // ptxas move hdim 256's key loop off the uniform datapath.)
+    const TailCut cut = cut_of_step(p, step, KernelCta());
+    const bool writes = cut.part == CUT_NONE ||
+                        meet_other_piece<D, FA3C_FWD_CONSUMERS(D)>(p, cut, o, st, consumer_index,
+                                                                   &sm.tail_ticket[consumer_index],
+                                                                   BAR_EPILOGUE_WG0 + consumer_index);
     uint8_t *stage = o_staging(sm, consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index);
+        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
     // where the epilogue stages (not for split-KV partials or register stores).
-    const bool staged = p.out_tma && p.num_splits == 1;
+    const bool staged = writes && p.out_tma && p.num_splits == 1;
     if (staged) wait_v_ring_read<STAGES>(sm.v_empty, ring);
-    epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index);
+    if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index);
     release_o_staging(&sm.o_free, staged);
 }
 
@@ -506,7 +519,7 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
@@ -599,7 +612,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     release(&sm.v_empty[last]);
 
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring);
+    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
@@ -641,6 +654,7 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
         if (tile_is_empty(t)) {
             write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if (t.m0 + consumer_index * 64 >= p.rows) {
@@ -651,9 +665,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced

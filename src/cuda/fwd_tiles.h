@@ -101,6 +101,29 @@
 #ifndef FA3C_FWD_Q_IN_REGS
 #define FA3C_FWD_Q_IN_REGS 1
 #endif
+/* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
+ * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
+ * equal shares of key blocks, one per CTA, and a tile cut in two is merged
+ * by the CTA that finishes second. Used when it saves each CTA at least
+ * FA3C_FWD_TAIL_MIN_GAIN key blocks, on tiles of FA3C_FWD_TAIL_MIN_BLOCKS
+ * key blocks or more, without a mask shape (causal, window) or split-KV.
+ * 0 (default): every tile whole, and the tail's code compiled out. Measured
+ * on the H200 (bench/RESULTS.md, run 33): no gain where it applies (-2% to
+ * +2% against the whole-tile order), and its code in the kernel cost hdim 64
+ * 2-4% even on shapes without a tail; off until both are understood. */
+#ifndef FA3C_FWD_STREAM_K
+#define FA3C_FWD_STREAM_K 0
+#endif
+#ifndef FA3C_FWD_TAIL_MIN_GAIN
+#define FA3C_FWD_TAIL_MIN_GAIN 2
+#endif
+#ifndef FA3C_FWD_TAIL_MIN_BLOCKS
+#define FA3C_FWD_TAIL_MIN_BLOCKS 4
+#endif
+/* Float4s of one consumer warpgroup's piece in the tail scratch: per thread
+ * its D / 2 O values, then its rows' (max, max, sum, sum). */
+#define FA3C_FWD_TAIL_SLOT_FLOAT4S(D) (((D) / 8 + 1) * 128)
+
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 

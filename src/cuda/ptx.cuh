@@ -235,6 +235,39 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
+// ---- flags between CTAs (stream_k.cuh) ------------------------------------------
+
+// *counter += value, after this thread's earlier writes are visible on the GPU
+// (release at GPU scope: they reach whoever acquires a later value of *counter).
+FA3C_DEVICE void red_release_gpu_add(int *counter, int value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
+}
+
+FA3C_DEVICE int ld_acquire_gpu(const int *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Spin until *counter >= target (acquire: the writes released before the
+// increments that reached it are visible after). With FA3C_DEBUG_HANGS a
+// wait that spins too long prints where it is and traps, as mbar_wait_parity.
+FA3C_DEVICE void wait_counter_at_least(const int *counter, int target) {
+#ifdef FA3C_DEBUG_HANGS
+    long long spins = 0;
+    while (ld_acquire_gpu(counter) < target) {
+        if (++spins == (1ll << 26)) {
+            printf("fa3c: counter wait timed out: block %d thread %d counter %p < %d\n", blockIdx.x, threadIdx.x,
+                   counter, target);
+            __trap();
+        }
+    }
+#else
+    while (ld_acquire_gpu(counter) < target) {
+    }
+#endif
+}
+
 // ---- arithmetic --------------------------------------------------------------
 
 // 2^x, flushing denormals (MUFU.EX2). ex2(-inf) = 0.
