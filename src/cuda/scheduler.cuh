@@ -184,17 +184,15 @@ FA3C_HOST_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step, con
 }
 
 // A tile of the stream-K tail (tile >= p.whole_tiles, from tile_of_step at
-// `step`): restricted to this step's piece of its key blocks; returns where
-// it is cut (cut.part CUT_NONE: not cut). Producer and consumers both call
-// it, so they walk the same key blocks.
+// `step`), restricted to this step's piece of its key blocks. Producer and
+// consumers both call it, so they walk the same key blocks.
 template <class Cta>
-FA3C_HOST_DEVICE TailCut piece_of_tail_tile(const fa3c_fwd_kernel_params &p, int step, const Cta &cta, FwdTile &t) {
+FA3C_HOST_DEVICE void piece_of_tail_tile(const fa3c_fwd_kernel_params &p, int step, const Cta &cta, FwdTile &t) {
     int tile, n_lo, n_hi;
     TailCut cut;
     tail_piece(p, step - p.whole_steps, cta, tile, n_lo, n_hi, cut);
     t.n_begin = max(t.n_begin, n_lo);
     t.n_end = min(t.n_end, n_hi);
-    return cut;
 }
 
 // Where the step-th step's tile is cut, if it is (cut.part CUT_NONE: whole);

@@ -222,21 +222,27 @@ TEST(scheduler_random_plans) {
     }
 }
 
-TEST(scheduler_decode_packs_and_splits) {
-    // Decode with GQA: one packed tile per KV head, split to fill the SMs.
+// One given problem without a mask, on `sms` SMs and a 50 MB L2.
+static plan_case fixed_case(int headdim, int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int sms) {
     plan_case c;
     memset(&c, 0, sizeof c);
-    c.pr.headdim = 128;
-    c.pr.batch = 1;
-    c.pr.heads_q = 64;
-    c.pr.heads_kv = 8;
-    c.pr.seqlen_q = 1;
-    c.pr.seqlen_k = 131072;
+    c.pr.headdim = headdim;
+    c.pr.batch = batch;
+    c.pr.heads_q = heads_q;
+    c.pr.heads_kv = heads_kv;
+    c.pr.seqlen_q = seqlen_q;
+    c.pr.seqlen_k = seqlen_k;
     c.pr.window_left = c.pr.window_right = -1;
-    c.sms = 132;
+    c.sms = sms;
     c.l2_bytes = 50 << 20;
-    c.block_m = FA3C_FWD_BLOCK_M(128);
-    c.block_n = FA3C_FWD_BLOCK_N(128);
+    c.block_m = FA3C_FWD_BLOCK_M(headdim);
+    c.block_n = FA3C_FWD_BLOCK_N(headdim);
+    return c;
+}
+
+TEST(scheduler_decode_packs_and_splits) {
+    // Decode with GQA: one packed tile per KV head, split to fill the SMs.
+    plan_case c = fixed_case(128, 1, 64, 8, 1, 131072, 132);
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n};
@@ -255,17 +261,7 @@ TEST(scheduler_stream_k_tail) {
     // SMs, 15.5 rounds): 14 rounds whole, the last 200 tiles in 132 shares of
     // 24-25 key blocks. With a causal mask, split-KV or tiles of 3 key
     // blocks: no tail.
-    plan_case c;
-    memset(&c, 0, sizeof c);
-    c.pr.headdim = 128;
-    c.pr.batch = 8;
-    c.pr.heads_q = c.pr.heads_kv = 16;
-    c.pr.seqlen_q = c.pr.seqlen_k = 2048;
-    c.pr.window_left = c.pr.window_right = -1;
-    c.sms = 132;
-    c.l2_bytes = 50 << 20;
-    c.block_m = FA3C_FWD_BLOCK_M(128);
-    c.block_n = FA3C_FWD_BLOCK_N(128);
+    plan_case c = fixed_case(128, 8, 16, 16, 2048, 2048, 132);
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n};
@@ -287,20 +283,10 @@ TEST(scheduler_stream_k_tail) {
         {96, 1, 128, 512, 1, 9, 1},   {64, 1, 384, 400, 3, 10, 1}, {128, -4, 1, 1000, 0, 8, 8}};
     for (int sms = 114; sms <= 132; sms += 18)
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            plan_case s;
-            memset(&s, 0, sizeof s);
-            s.pr.headdim = shapes[i].d;
             // batch -4: the SM count + 4 (decode); heads: (heads_of_g G + heads_plus) / 2 for 2 row blocks
-            s.pr.batch = shapes[i].batch < 0 ? sms - shapes[i].batch : shapes[i].batch;
-            s.pr.heads_q = shapes[i].sq == 384 ? (3 * sms + 10) / 2 : shapes[i].heads_of_g * sms + shapes[i].heads_plus;
-            s.pr.heads_kv = s.pr.heads_q / shapes[i].group;
-            s.pr.seqlen_q = shapes[i].sq;
-            s.pr.seqlen_k = shapes[i].sk;
-            s.pr.window_left = s.pr.window_right = -1;
-            s.sms = sms;
-            s.l2_bytes = 50 << 20;
-            s.block_m = FA3C_FWD_BLOCK_M(s.pr.headdim);
-            s.block_n = FA3C_FWD_BLOCK_N(s.pr.headdim);
+            int batch = shapes[i].batch < 0 ? sms - shapes[i].batch : shapes[i].batch;
+            int heads = shapes[i].sq == 384 ? (3 * sms + 10) / 2 : shapes[i].heads_of_g * sms + shapes[i].heads_plus;
+            plan_case s = fixed_case(shapes[i].d, batch, heads, heads / shapes[i].group, shapes[i].sq, shapes[i].sk, sms);
             fa3c_fwd_plan_facts f = {s.sms, s.l2_bytes, s.block_m, s.block_n};
             memset(&p, 0, sizeof p);
             int pack = fa3c_fwd_plan_pack(&s.pr, s.block_m);
