@@ -2,8 +2,9 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--decode] [--csv FILE]
- * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too).
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode] [--csv FILE]
+ * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too);
+ * --seqlen (repeatable) replaces the grid's sequence lengths (batch = 16384 / S, rounded down).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
  * --decode: bench.py's six decode shapes instead (seqlen_q 1, split-KV on auto); the
  * seqlen column is seqlen_k, and the last column is GB/s of q, k, v and out, not TFLOPS. */
@@ -146,15 +147,19 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, decode = 0, picked[5] = {0}, npicked = 0;
+    int quick = 0, decode = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--hdim") && i + 1 < argc && npicked < 5) picked[npicked++] = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seqlen") && i + 1 < argc && nown < 8 && atoi(argv[i + 1]) >= 1 &&
+                 atoi(argv[i + 1]) <= 16384)
+            own_seqlens[nown++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--decode] [--csv FILE]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode] [--csv FILE]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -176,8 +181,8 @@ int main(int argc, char **argv) {
     const int hdims[] = {64, 96, 128, 192, 256};
     const int seqlens_full[] = {512, 1024, 2048, 4096, 8192, 16384};
     const int seqlens_quick[] = {512, 2048, 8192};
-    const int *seqlens = quick ? seqlens_quick : seqlens_full;
-    int nseq = quick ? 3 : 6;
+    const int *seqlens = nown ? own_seqlens : quick ? seqlens_quick : seqlens_full;
+    int nseq = nown ? nown : quick ? 3 : 6;
     const size_t total = 16384ull * 2048;   /* tokens x hidden: the same for every shape */
     void *q, *k, *v, *o;
     float *lse;

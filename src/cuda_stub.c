@@ -27,3 +27,5 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
 fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
 }
+
+int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) { return 0; }

@@ -34,4 +34,11 @@ TEST(fast_div_edges_and_random) {
     }
 }
 
+// Rows above row 0 (fwd_params.h, m_shift) are negative; they occur only
+// without GQA packing, where the divisor is 1 and the quotient must be n.
+TEST(fast_div_by_one_keeps_negative_dividends) {
+    fa3c_fast_div f = fa3c_fast_div_make(1);
+    for (int32_t n = -300; n < 0; n++) CHECK(fa3c_div(n, f) == n, "%d / 1: got %d", n, fa3c_div(n, f));
+}
+
 TEST_MAIN()

@@ -8,7 +8,7 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (head dim, BLOCK_N or None for the table default FA3C_FWD_BLOCK_N(D), name suffix)
-SHAPES = [(64, None, ""), (96, None, ""), (128, None, ""), (192, None, ""), (256, None, "")]
+SHAPES = [(64, None, ""), (96, None, ""), (128, None, ""), (192, None, ""), (256, None, ""), (256, 64, "_n64")]
 
 for dtype, fp16 in (("bf16", 0), ("fp16", 1)):
     for d, block_n, suffix in SHAPES:

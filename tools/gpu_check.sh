@@ -47,10 +47,13 @@ grep -E "Failed|\*\*\*|FAIL" "$OUT/gpu_tests.log" | head -20
 grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null | head -80 >"$OUT/fwd_errors.log"
 
 # 4. compute-sanitizer on small cases (memcheck, racecheck): ragged tiles,
-# GQA packing with an idle consumer warpgroup, split-KV and its combine.
+# GQA packing with an idle consumer warpgroup, split-KV and its combine;
+# memcheck also on causal tiles shifted above row 0.
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    for case in fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv; do
+    cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv"
+    [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
+    for case in $cases; do
       timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1
       note "compute-sanitizer $tool $case: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${tool}_$case.log" | tail -1)"
     done

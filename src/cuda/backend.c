@@ -17,11 +17,15 @@
 typedef struct {
     fa3c_dtype dtype;
     int headdim, block_n;
+    /* 0: the head dim's main instance; > 0: used instead of it for calls
+     * under a causal mask (a right bound) with seqlen_k <= short_causal_keys. */
+    int short_causal_keys;
     fa3c_fwd_launcher launch;
 } fwd_instance;
 
 /* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn) {dt, hd, bn, fa3c_fwd_sm90_##name},
+#define FA3C_TABLE_ROW(name, dt, hd, bn) {dt, hd, bn, 0, fa3c_fwd_sm90_##name},
+#define FA3C_SHORT_CAUSAL_ROW(name, dt, hd, bn, keys) {dt, hd, bn, keys, fa3c_fwd_sm90_##name},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
     FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64))
@@ -53,7 +57,13 @@ static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_fp16_hdim256
     FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256))
 #endif
-    {FA3C_DTYPE_FP32, 0, 0, NULL}};
+#if defined(FA3C_INST_bf16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
+    FA3C_SHORT_CAUSAL_ROW(bf16_hdim256_n64, FA3C_DTYPE_BF16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
+#endif
+#if defined(FA3C_INST_fp16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
+    FA3C_SHORT_CAUSAL_ROW(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
+#endif
+    {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
@@ -68,11 +78,23 @@ static fa3c_fwd_plan_facts device_facts(void) {
     return f;
 }
 
-/* The instance for this call (one per dtype and head dim in this build). */
+/* The instance for this call: the dtype and head dim's main one, or its
+ * short-causal one where the call qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
-    for (size_t i = 0; fwd_instances[i].launch; i++)
-        if (fwd_instances[i].dtype == pr->dtype && fwd_instances[i].headdim == pr->headdim) return &fwd_instances[i];
-    return NULL;
+    const fwd_instance *found = NULL;
+    int right_bound = pr->causal || pr->window_right >= 0;
+    for (size_t i = 0; fwd_instances[i].launch; i++) {
+        const fwd_instance *in = &fwd_instances[i];
+        if (in->dtype != pr->dtype || in->headdim != pr->headdim) continue;
+        if (in->short_causal_keys == 0 && !found) found = in;
+        if (in->short_causal_keys > 0 && right_bound && pr->seqlen_k <= in->short_causal_keys) return in;
+    }
+    return found;
+}
+
+int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
+    const fwd_instance *in = find_fwd(pr);
+    return in ? in->block_n : 0;
 }
 
 int fa3c_cuda_backend_usable(void) {

@@ -41,7 +41,7 @@ FA3C_FAST_DIV_HD uint32_t fa3c_umulhi(uint32_t a, uint32_t b) {
 #endif
 }
 
-/* 0 <= n < 2^31. */
+/* 0 <= n < 2^31; for d = 1 (mul 1, shift 0) any n, negative too. */
 FA3C_FAST_DIV_HD int32_t fa3c_div(int32_t n, fa3c_fast_div f) {
     return (int32_t)((fa3c_umulhi((uint32_t)n, f.mul) + (uint32_t)n) >> f.shift);
 }

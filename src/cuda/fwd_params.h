@@ -27,6 +27,12 @@ typedef struct fa3c_fwd_kernel_params {
      * groups = heads_q / pack. */
     int pack, groups, rows;
     int num_m_blocks;                  /* tiles per (batch, group) and split */
+    /* Rows of padding above row 0, a multiple of 64: tile i covers rows
+     * [i BLOCK_M - m_shift, + BLOCK_M). Under a causal mask (fwd_plan.c) the
+     * partial tile's idle warpgroups go to the top, where the rows see the
+     * fewest keys, instead of the bottom, where they see the most (a tile
+     * whose one computing warpgroup walks every key block). */
+    int m_shift;
     int num_splits;                    /* split-KV: key blocks cut into num_splits ranges */
     int blocks_per_split;              /* key blocks per range */
     int num_tiles;                     /* num_m_blocks * batch * groups * num_splits */

@@ -118,6 +118,14 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->groups = pr->heads_q / pack;
     k->rows = pr->seqlen_q * pack;
     k->num_m_blocks = (k->rows + facts->block_m - 1) / facts->block_m;
+    /* With a right bound (causal), the last rows see the most keys: the
+     * padding rows of the partial tile go to the top (fwd_params.h), in whole
+     * consumer warpgroups of 64 rows, which then idle, so that no warpgroup
+     * that computes has rows above row 0 (a TMA store there traps). Not with
+     * GQA packing, whose Q box must start at a whole query. */
+    k->m_shift = FA3C_FWD_CAUSAL_SHIFT && k->window_right >= 0 && pack == 1
+                     ? (k->num_m_blocks * facts->block_m - k->rows) / 64 * 64
+                     : 0;
     long long tiles = (long long)k->num_m_blocks * pr->batch * k->groups;
     int key_blocks = (pr->seqlen_k + facts->block_n - 1) / facts->block_n;
     k->num_splits = num_key_splits(num_splits, tiles, key_blocks, facts->sms);

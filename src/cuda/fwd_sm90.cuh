@@ -333,14 +333,15 @@ FA3C_DEVICE uint32_t pack2(float lo, float hi) {
 }
 
 // Where the epilogue writes row `row` of a tile: the query and head it
-// stands for (GQA packing), or nothing (past the end).
+// stands for (GQA packing), or nothing (past the end, or above row 0: only
+// warpgroups that write nothing have such rows, p.m_shift).
 struct OutRow {
     bool valid;
     int query, head;
 };
 FA3C_DEVICE OutRow out_row(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row) {
     OutRow r;
-    r.valid = row < p.rows;
+    r.valid = (unsigned)row < (unsigned)p.rows;   // 0 <= row < p.rows in one compare
     r.query = query_of_row(p, row);
     r.head = t.head + row - r.query * p.pack;
     return r;
@@ -379,7 +380,9 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
 // O / sum through smem and TMA: stmatrix puts the fragments into this
 // warpgroup's staging buffer with the 128-byte swizzle, one thread stores
 // the D / 64 boxes of 64 rows (rows past the end are clipped by the TMA
-// unit). The buffer is reused by the next tile, once the store has read it.
+// unit; a box starting above row 0 traps, which is why p.m_shift moves whole
+// warpgroups there, which idle). The buffer is reused by the next tile, once
+// the store has read it.
 template <int D, int FP16>
 FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
                                 const float inv[2], uint8_t *stage, int consumer_index) {
@@ -616,9 +619,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 }
 
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
-// packed rows in a 128-row tile) computes nothing, but keeps the barrier
-// protocol of consumer_tile: the same waits and releases of every ring slot
-// and the same number of turns.
+// packed rows in a 128-row tile) or above row 0 (p.m_shift) computes
+// nothing, but keeps the barrier protocol of consumer_tile: the same waits
+// and releases of every ring slot and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
                                     uint32_t q_phase) {
@@ -655,9 +658,12 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
         if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
+        // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
+        const int wg_m0 = t.m0 + consumer_index * 64;
         if (tile_is_empty(t)) {
-            write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
-        } else if (t.m0 + consumer_index * 64 >= p.rows) {
+            if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
+                write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
+        } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
             idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
             // Only rows with a last key (causal, window) can have leading

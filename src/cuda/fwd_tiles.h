@@ -124,6 +124,27 @@
  * its D / 2 O values, then its rows' (max, max, sum, sum). */
 #define FA3C_FWD_TAIL_SLOT_FLOAT4S(D) (((D) / 8 + 1) * 128)
 
+/* 1: under a causal mask (a right bound) the partial row block's idle
+ * warpgroups go to the top (fwd_params.h, m_shift), so the tile with the
+ * most keys has all its warpgroups computing; 0: at the bottom, and the
+ * shift's code compiled out (ablation). Measured on the H200
+ * (bench/RESULTS.md, runs 35-38): hdim 64 causal +5% at 512 and 1k, +3% at
+ * 2k and 4k (192-row tiles: every grid length leaves a partial one); no
+ * change without a mask, once the check costs one compare per tile. */
+#ifndef FA3C_FWD_CAUSAL_SHIFT
+#define FA3C_FWD_CAUSAL_SHIFT 1
+#endif
+
+/* hdim 256 under a causal mask (a right bound) with seqlen_k <= this: key
+ * blocks of 64 (instances *_hdim256_n64, backend.c), where the 80-key
+ * blocks leave the last block of short rows partly empty (512 keys are 6.4
+ * blocks of 80). Runs 35-37, causal, 64 vs 80 keys: +6-7% at 512, +3% at
+ * 768, +2-3% at 1k, +1% at 1536 (within the spread), even at 2k, -3% at 8k;
+ * without a mask 64 keys lose from 768 on. 0: never. */
+#ifndef FA3C_FWD_SHORT_CAUSAL_KEYS_256
+#define FA3C_FWD_SHORT_CAUSAL_KEYS_256 1024
+#endif
+
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 

@@ -1,5 +1,7 @@
 /* The forward kernel instances: one per (dtype, head dim), each in its own
- * src/cuda/inst/fwd_<dtype>_hdim<D>.cu. The build defines FA3C_INST_<name>
+ * src/cuda/inst/fwd_<dtype>_hdim<D>.cu, and for hdim 256 a second one with
+ * key blocks of 64 for short causal calls (fwd_tiles.h,
+ * FA3C_FWD_SHORT_CAUSAL_KEYS_256). The build defines FA3C_INST_<name>
  * for those it compiles (option FA3C_INSTANCES), and backend.c's table lists
  * only those. */
 #ifndef FA3C_INSTANCES_H
@@ -29,7 +31,9 @@ typedef fa3c_status (*fa3c_fwd_launcher)(const fa3c_fwd_kernel_params *p, void *
     X(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96)) \
     X(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128)) \
     X(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192)) \
-    X(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256))
+    X(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256)) \
+    X(bf16_hdim256_n64, FA3C_DTYPE_BF16, 256, 64) \
+    X(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64)
 
 #define FA3C_DECLARE_FWD(name, dtype, hdim, block_n) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);
 FA3C_FWD_INSTANCE_LIST(FA3C_DECLARE_FWD)

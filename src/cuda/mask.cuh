@@ -7,9 +7,11 @@
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
+#include "fwd_tiles.h"
 
 // The query index of tile row `row` (GQA packing puts p.pack heads of one
-// query on consecutive rows).
+// query on consecutive rows). Rows < 0 (p.m_shift) occur only without
+// packing, where the division by 1 keeps them as they are (fast_div.h).
 FA3C_HOST_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return fa3c_div(row, p.div_pack); }
 
 // Inclusive key range of tile row `row`.
@@ -19,8 +21,10 @@ FA3C_HOST_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &l
     hi = p.window_right >= 0 ? min(diag + p.window_right, p.seqlen_k - 1) : p.seqlen_k - 1;
 }
 
-// Last real row of the CTA's rows [m0, m0 + block_m): rows past the end are
-// computed (their Q rows read as zeros) but never written.
+// First and last real row of the CTA's rows [m0, m0 + block_m): rows past
+// the end are computed (their Q rows read as zeros) but never written; rows
+// above row 0 (p.m_shift) fill whole warpgroups, which idle.
+FA3C_HOST_DEVICE int first_row(int m0) { return FA3C_FWD_CAUSAL_SHIFT ? max(m0, 0) : m0; }
 FA3C_HOST_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block_m) {
     return min(m0 + block_m, p.rows) - 1;
 }
@@ -29,7 +33,7 @@ FA3C_HOST_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block
 FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
                                  int &n_begin, int &n_end) {
     int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, m0, lo_first, hi_first);
+    key_range(p, first_row(m0), lo_first, hi_first);
     key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
     n_begin = lo_first / block_n;
     n_end = hi_last < 0 ? 0 : hi_last / block_n + 1;
@@ -43,7 +47,7 @@ FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, i
 FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
                                       int &u_begin, int &u_end) {
     int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, m0, lo_first, hi_first);
+    key_range(p, first_row(m0), lo_first, hi_first);
     key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
     u_begin = (lo_last + block_n - 1) / block_n;          // first block starting at or after lo_last
     u_end = hi_first < 0 ? 0 : (hi_first + 1) / block_n;  // blocks ending at or before hi_first

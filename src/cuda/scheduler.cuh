@@ -8,9 +8,10 @@
 // together (chosen on the host, backend.c). Tiles are numbered section by
 // section; inside a section longest first: the last row block of every pair,
 // then the one before, ... (under causal masking the last rows see the most
-// keys). The CTAs running at one time then share the K/V of a few heads
-// through the L2 instead of each streaming its own head from DRAM
-// (bench/RESULTS.md, run 12: at 2k the kernel was DRAM-bound before).
+// keys; there the partial row block, if any, is the first one: p.m_shift).
+// The CTAs running at one time then share the K/V of a few heads through the
+// L2 instead of each streaming its own head from DRAM (bench/RESULTS.md,
+// run 12: at 2k the kernel was DRAM-bound before).
 //
 // Persistent order (tile_of_step): without a causal mask or window every
 // tile is the same work, and tiles are dealt out round-robin in that order
@@ -83,7 +84,7 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
     t.group = fa3c_mod(bh, p.div_groups);
     t.head = t.group * p.pack;
     t.head_kv = fa3c_div(t.head, p.div_group_size);
-    t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m;
+    t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m - (FA3C_FWD_CAUSAL_SHIFT ? p.m_shift : 0);
     key_block_range(p, t.m0, block_m, block_n, t.n_begin, t.n_end);
     t.n_begin = max(t.n_begin, t.split * p.blocks_per_split);
     t.n_end = min(t.n_end, (t.split + 1) * p.blocks_per_split);

@@ -1,8 +1,8 @@
 # CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
 # ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute).
 # (tools/gen_instances.py writes the files)
-set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hdim256
-                       fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256)
+set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hdim256 bf16_hdim256_n64
+                       fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256 fp16_hdim256_n64)
 if(FA3C_INSTANCES STREQUAL "all")
   set(_fa3c_selected ${FA3C_ALL_INSTANCES})
 else()

@@ -137,14 +137,19 @@ static void run_case(const char *label, fwd_case c) {
     void *dq = to_device(hpacked ? hpacked : hq, in_bytes_q);
     void *dk = hpacked ? (char *)dq + HQ * D * es : to_device(hk, nk * es);
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
-    void *dout = NULL;
+    // The output sits between two guard regions of 256 token rows, which must
+    // keep their poison: rows above row 0 (tiles shifted up under a causal
+    // mask) and past the end are computed but must never be stored.
+    const int64_t guard = 256 * out_row;
+    void *dout_alloc = NULL, *dout = NULL;
     float *dlse = NULL;
-    CUDA_OK(cudaMalloc(&dout, n_out * es));
+    CUDA_OK(cudaMalloc(&dout_alloc, (n_out + 2 * guard) * es));
+    dout = (char *)dout_alloc + guard * es;
     CUDA_OK(cudaMalloc((void **)&dlse, B * HQ * SQ * 4));
     void *gout[2] = {tu_alloc(n_out * es), tu_alloc(n_out * es)};
     float *glse = (float *)tu_alloc(B * HQ * SQ * 4);
     for (int run = 0; run < 2; run++) {
-        CUDA_OK(cudaMemset(dout, 0xFF, n_out * es));   // NaN poison
+        CUDA_OK(cudaMemset(dout_alloc, 0xFF, (n_out + 2 * guard) * es));   // NaN poison
         CUDA_OK(cudaMemset(dlse, 0xFF, B * HQ * SQ * 4));
         fa3c_fwd_params g = p;
         g.q.data = dq;
@@ -160,6 +165,14 @@ static void run_case(const char *label, fwd_case c) {
         CUDA_OK(cudaMemcpy(gout[run], dout, n_out * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
     }
+    int64_t guard_written = 0;
+    uint16_t *guards = (uint16_t *)tu_alloc(guard * es);
+    for (int side = 0; side < 2; side++) {
+        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + n_out : 0) * es, guard * es,
+                           cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < guard; i++) guard_written += guards[i] != 0xFFFF;
+    }
+    free(guards);
 
     // Every element written, the rule met, the LSE close, the two runs equal.
     float *gf = (float *)tu_alloc(nq * 4), *lf = (float *)tu_alloc(nq * 4);
@@ -192,13 +205,14 @@ static void run_case(const char *label, fwd_case c) {
            err, tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, rel, lse_err, identical);
     CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
     CHECK(pad_written == 0, "%lld padding elements overwritten", (long long)pad_written);
+    CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
     CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
     CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
     CHECK(identical, "two runs on the same inputs differ: a race");
 
     cudaFree(dq);
     if (!hpacked) { cudaFree(dk); cudaFree(dv); }
-    cudaFree(dout);
+    cudaFree(dout_alloc);
     cudaFree(dlse);
     free(hpacked ? hpacked : hq);
     if (!hpacked) { free(hk); free(hv); }
@@ -257,6 +271,34 @@ TEST(fwd_causal_sq_ne_sk) {
     c.causal = 1;
     run_case("causal sq>sk", c);
 }
+// Under a causal mask the partial row block's idle warpgroups are at the top
+// (m_shift, whole warpgroups of 64 rows): their rows above row 0 are loaded
+// (zeros) but never stored (the guard regions of run_case). Register stores
+// (hdim 96), TMA stores from own staging (64) and from the V ring (192, 256),
+// split-KV partials; rows past the end in the last tile too.
+TEST(fwd_causal_partial_tile_on_top) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 1024, 1024, 2, 64);   // 6 tiles of 192 rows: rows -128..63 first
+    c.causal = 1;
+    run_case("causal hdim64 1024", c);
+    c = base_case(BF16, 2, 500, 500, 2, 64);               // shift 64 of 76 padding rows
+    c.causal = 1;
+    run_case("causal hdim64 500", c);
+    c = base_case(FP16, 1, 300, 300, 2, 96);               // shift 64 of 84, register stores
+    c.causal = 1;
+    run_case("causal hdim96 300", c);
+    c = base_case(BF16, 1, 440, 440, 2, 192);              // shift 64 of 72, a window with right bound 0
+    c.window_left = 100;
+    c.window_right = 0;
+    run_case("hdim192 window (100, 0)", c);
+    c = base_case(BF16, 2, 180, 700, 2, 256);              // shift 64 of 76, 2 splits (64-key blocks)
+    c.causal = 1;
+    c.num_splits = 2;
+    run_case("causal hdim256 sq<sk, 2 splits", c);
+    c = base_case(FP16, 1, 1080, 1080, 2, 256);            // shift 64 of 72 (80-key blocks: seqlen_k > 1024)
+    c.causal = 1;
+    run_case("causal hdim256 1080", c);
+}
 // A consumer warpgroup skips the leading key blocks masked for all its rows
 // (warpgroup_part): 192-row tiles (hdim 64), key blocks of 112 and 80 keys
 // (hdim 192, 256) that do not line up with the 64-row warpgroups, with split
@@ -269,8 +311,8 @@ TEST(fwd_warpgroup_skips_masked_blocks) {
     c = base_case(BF16, 1, 400, 400, 2, 192);
     c.causal = 1;
     run_case("causal hdim192", c);
-    c = base_case(FP16, 1, 300, 900, 2, 256);   // 12 blocks of 80 keys, 4 per split: in split 2 the
-    c.causal = 1;                                // first warpgroup of rows 0-127 skips key block 9
+    c = base_case(FP16, 1, 300, 1200, 2, 256);  // 15 blocks of 80 keys, 5 per split: in split 2 the
+    c.causal = 1;                                // first warpgroup of rows 64-191 skips key block 13
     c.num_splits = 3;
     run_case("fp16 hdim256 causal sq<sk, 3 splits", c);
     c = base_case(BF16, 2, 512, 512, 2, 64);     // split 0 of rows 0-191: warpgroups 0 and 1 skip block 1

@@ -5,7 +5,9 @@
 // grids smaller and larger than the tile count):
 //   - the CTAs' steps visit every tile exactly once, whole or (stream-K
 //     tail) in two pieces that split its key blocks between neighbour CTAs;
-//   - every tile names a valid (batch, group, row block, split);
+//   - every tile names a valid (batch, group, row block, split); under a
+//     causal mask the partial row block's idle warpgroups are at the top
+//     (m_shift);
 //   - the splits of a row block cover exactly the key blocks its rows need,
 //     without overlap;
 //   - the key blocks said to need no mask need none for any row, and every
@@ -15,6 +17,7 @@
 #include <string.h>
 #include "harness.h"
 #include "testutil.h"
+#include "backend.h"
 #include "cuda/fwd_plan.h"
 #include "cuda/fwd_tiles.h"
 #include "cuda/scheduler.cuh"
@@ -79,6 +82,11 @@ static int check_plan(const plan_case *c) {
     CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
           p.num_splits);
+    // Under a right bound (causal) without packing, the partial row block's
+    // whole idle warpgroups are at the top (fewest keys); otherwise at the bottom.
+    int want_shift = FA3C_FWD_CAUSAL_SHIFT && p.window_right >= 0 && pack == 1 ? (p.num_m_blocks * c->block_m - p.rows) / 64 * 64 : 0;
+    CHECK(p.m_shift == want_shift && p.m_shift >= 0 && p.m_shift < c->block_m, "%s: m_shift %d (want %d)", what,
+          p.m_shift, want_shift);
 
     // The launch's grid, from the plan.
     int grid = p.grid;
@@ -157,17 +165,17 @@ static int check_plan(const plan_case *c) {
     for (int tile = 0; tile < p.num_tiles && ok; tile++) {
         FwdTile t = tile_at(p, tile, c->block_m, c->block_n);
         ok = t.batch >= 0 && t.batch < p.batch && t.group >= 0 && t.group < p.groups && t.head == t.group * pack &&
-             t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && t.m0 % c->block_m == 0 && t.m0 >= 0 &&
-             t.m0 < p.rows && t.split >= 0 && t.split < p.num_splits;
+             t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && (t.m0 + p.m_shift) % c->block_m == 0 &&
+             t.m0 + c->block_m > 0 && t.m0 < p.rows && t.split >= 0 && t.split < p.num_splits;
         CHECK(ok, "%s: tile %d -> batch %d group %d head %d kv %d m0 %d split %d", what, tile, t.batch, t.group,
               t.head, t.head_kv, t.m0, t.split);
         if (!ok) break;
-        int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + t.m0 / c->block_m;
+        int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + (t.m0 + p.m_shift) / c->block_m;
         for (int n = t.n_begin; n < t.n_end; n++) covered[(size_t)rb * key_blocks + n]++;
         int full_begin, full_end;
         key_block_range(p, t.m0, c->block_m, c->block_n, full_begin, full_end);
         int last = last_row(p, t.m0, c->block_m);
-        for (int row = t.m0; row <= last && ok; row++) {
+        for (int row = first_row(t.m0); row <= last && ok; row++) {
             int lo, hi;
             key_range(p, row, lo, hi);
             if (lo > hi) continue;   // a fully masked row
@@ -182,11 +190,12 @@ static int check_plan(const plan_case *c) {
         for (int wg = 0; wg < c->block_m / 64 && ok && !tile_is_empty(t); wg++) {
             int first = t.m0 + 64 * wg;
             if (first >= p.rows) break;
+            if (first < 0) continue;   // its rows above row 0 (m_shift): idle
             FwdTile w = warpgroup_part(p, t, wg, c->block_n);
             ok = w.n_begin == t.n_begin && w.n_end > t.n_begin && w.n_end <= t.n_end;
             CHECK(ok, "%s: tile %d warpgroup %d keeps blocks [%d, %d) of [%d, %d)", what, tile, wg, w.n_begin,
                   w.n_end, t.n_begin, t.n_end);
-            for (int row = first; row <= last_row(p, first, 64) && ok; row++) {
+            for (int row = first_row(first); row <= last_row(p, first, 64) && ok; row++) {
                 int lo, hi;
                 key_range(p, row, lo, hi);
                 if (lo > hi) continue;
@@ -202,7 +211,7 @@ static int check_plan(const plan_case *c) {
         }
     }
     for (int rb = 0; rb < row_blocks && ok; rb++) {
-        int m0 = rb % p.num_m_blocks * c->block_m, begin, end;
+        int m0 = rb % p.num_m_blocks * c->block_m - p.m_shift, begin, end;
         key_block_range(p, m0, c->block_m, c->block_n, begin, end);
         for (int n = 0; n < key_blocks && ok; n++) {
             int want = n >= begin && n < end;
@@ -213,6 +222,40 @@ static int check_plan(const plan_case *c) {
     }
     free(covered);
     return ok;
+}
+
+// The instance table's choice for hdim 256: 64-key blocks under a causal
+// mask (or any right bound) up to FA3C_FWD_SHORT_CAUSAL_KEYS_256 keys, the
+// main 80-key instance otherwise (backend.c, find_fwd).
+TEST(instance_choice_hdim256_short_causal) {
+    fa3c_problem pr;
+    memset(&pr, 0, sizeof pr);
+    pr.dtype = FA3C_DTYPE_BF16;
+    pr.headdim = 256;
+    pr.batch = pr.heads_q = pr.heads_kv = 1;
+    pr.seqlen_q = pr.seqlen_k = 512;
+    pr.window_left = pr.window_right = -1;
+    if (FA3C_FWD_SHORT_CAUSAL_KEYS_256 <= 0 || fa3c_cuda_fwd_block_n(&pr) == 0) {
+        SKIP("this build has no bf16 hdim 256 instance or no short-causal choice (FA3C_INSTANCES)");
+    }
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == FA3C_FWD_BLOCK_N(256), "non-causal 512: block_n %d", fa3c_cuda_fwd_block_n(&pr));
+    pr.causal = 1;
+    int short_n = fa3c_cuda_fwd_block_n(&pr);
+    if (short_n == FA3C_FWD_BLOCK_N(256)) SKIP("this build lacks the bf16_hdim256_n64 instance (FA3C_INSTANCES)");
+    CHECK(short_n == 64, "causal 512: block_n %d", short_n);
+    pr.seqlen_q = pr.seqlen_k = FA3C_FWD_SHORT_CAUSAL_KEYS_256;
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == 64, "causal at the limit: block_n %d", fa3c_cuda_fwd_block_n(&pr));
+    pr.seqlen_k = FA3C_FWD_SHORT_CAUSAL_KEYS_256 + 1;
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == FA3C_FWD_BLOCK_N(256), "causal past the limit: block_n %d",
+          fa3c_cuda_fwd_block_n(&pr));
+    pr.causal = 0;
+    pr.seqlen_k = 300;
+    pr.window_left = 50;
+    pr.window_right = 20;
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == 64, "window (50, 20), 300 keys: block_n %d", fa3c_cuda_fwd_block_n(&pr));
+    pr.dtype = FA3C_DTYPE_FP16;
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == 64 || fa3c_cuda_fwd_block_n(&pr) == 0, "fp16: block_n %d",
+          fa3c_cuda_fwd_block_n(&pr));
 }
 
 TEST(scheduler_random_plans) {
