@@ -71,11 +71,12 @@
  * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
  * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
  * (bench/RESULTS.md, run 21): hdim 192 +1-2% and hdim 256 +1-5% from 2k;
- * hdim 128 even; hdim 64 1-2% slower. A -D value applies to every head dim. */
+ * hdim 128 even then, and +0-4% once Q·Kᵀ took Q from registers (run 40);
+ * hdim 64 1-2% slower. A -D value applies to every head dim. */
 #ifdef FA3C_FWD_SOFTMAX_UNDER_PV
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) FA3C_FWD_SOFTMAX_UNDER_PV
 #else
-#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 192)
+#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
 #endif
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
