@@ -33,6 +33,12 @@ static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
     return c;
 }
 
+static fwd_case causal_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
+    fwd_case c = base_case(dt, b, sq, sk, h, d);
+    c.causal = 1;
+    return c;
+}
+
 // Host buffer of element size es on the device.
 static void *to_device(const void *h, size_t bytes) {
     void *d = NULL;
@@ -255,20 +261,16 @@ TEST(fwd_seqlen_4097) {
 }
 TEST(fwd_causal) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 2, 1000, 1000, 2, 128);
-    c.causal = 1;
+    fwd_case c = causal_case(BF16, 2, 1000, 1000, 2, 128);
     run_case("causal", c);
-    c = base_case(BF16, 1, 333, 333, 2, 256);
-    c.causal = 1;
+    c = causal_case(BF16, 1, 333, 333, 2, 256);
     run_case("causal hdim256", c);
 }
 TEST(fwd_causal_sq_ne_sk) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 2, 200, 700, 2, 128);   // bottom-right aligned
-    c.causal = 1;
+    fwd_case c = causal_case(BF16, 2, 200, 700, 2, 128);   // bottom-right aligned
     run_case("causal sq<sk", c);
-    c = base_case(BF16, 2, 700, 200, 2, 64);              // first 500 rows fully masked
-    c.causal = 1;
+    c = causal_case(BF16, 2, 700, 200, 2, 64);              // first 500 rows fully masked
     run_case("causal sq>sk", c);
 }
 // Under a causal mask the partial row block's idle warpgroups are at the top
@@ -278,25 +280,20 @@ TEST(fwd_causal_sq_ne_sk) {
 // split-KV partials; rows past the end in the last tile too.
 TEST(fwd_causal_partial_tile_on_top) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 2, 1024, 1024, 2, 64);   // 6 tiles of 192 rows: rows -128..63 first
-    c.causal = 1;
+    fwd_case c = causal_case(BF16, 2, 1024, 1024, 2, 64);   // 6 tiles of 192 rows: rows -128..63 first
     run_case("causal hdim64 1024", c);
-    c = base_case(BF16, 2, 500, 500, 2, 64);               // shift 64 of 76 padding rows
-    c.causal = 1;
+    c = causal_case(BF16, 2, 500, 500, 2, 64);             // shift 64 of 76 padding rows
     run_case("causal hdim64 500", c);
-    c = base_case(FP16, 1, 300, 300, 2, 96);               // shift 64 of 84, register stores
-    c.causal = 1;
+    c = causal_case(FP16, 1, 300, 300, 2, 96);             // shift 64 of 84, register stores
     run_case("causal hdim96 300", c);
     c = base_case(BF16, 1, 440, 440, 2, 192);              // shift 64 of 72, a window with right bound 0
     c.window_left = 100;
     c.window_right = 0;
     run_case("hdim192 window (100, 0)", c);
-    c = base_case(BF16, 2, 180, 700, 2, 256);              // shift 64 of 76, 2 splits (64-key blocks)
-    c.causal = 1;
+    c = causal_case(BF16, 2, 180, 700, 2, 256);            // shift 64 of 76, 2 splits (64-key blocks)
     c.num_splits = 2;
     run_case("causal hdim256 sq<sk, 2 splits", c);
-    c = base_case(FP16, 1, 1080, 1080, 2, 256);            // shift 64 of 72 (80-key blocks: seqlen_k > 1024)
-    c.causal = 1;
+    c = causal_case(FP16, 1, 1080, 1080, 2, 256);          // shift 64 of 72 (80-key blocks: seqlen_k > 1024)
     run_case("causal hdim256 1080", c);
 }
 // A consumer warpgroup skips the leading key blocks masked for all its rows
@@ -305,18 +302,14 @@ TEST(fwd_causal_partial_tile_on_top) {
 // KV, a window's right side and GQA packing.
 TEST(fwd_warpgroup_skips_masked_blocks) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 3, 512, 512, 2, 64);
-    c.causal = 1;
+    fwd_case c = causal_case(BF16, 3, 512, 512, 2, 64);
     run_case("causal hdim64 512", c);
-    c = base_case(BF16, 1, 400, 400, 2, 192);
-    c.causal = 1;
+    c = causal_case(BF16, 1, 400, 400, 2, 192);
     run_case("causal hdim192", c);
-    c = base_case(FP16, 1, 300, 1200, 2, 256);  // 15 blocks of 80 keys, 5 per split: in split 2 the
-    c.causal = 1;                                // first warpgroup of rows 64-191 skips key block 13
-    c.num_splits = 3;
+    c = causal_case(FP16, 1, 300, 1200, 2, 256);  // 15 blocks of 80 keys, 5 per split: in split 2 the
+    c.num_splits = 3;                              // first warpgroup of rows 64-191 skips key block 13
     run_case("fp16 hdim256 causal sq<sk, 3 splits", c);
-    c = base_case(BF16, 2, 512, 512, 2, 64);     // split 0 of rows 0-191: warpgroups 0 and 1 skip block 1
-    c.causal = 1;
+    c = causal_case(BF16, 2, 512, 512, 2, 64);   // split 0 of rows 0-191: warpgroups 0 and 1 skip block 1
     c.num_splits = 2;
     run_case("causal hdim64, 2 splits", c);
     c = base_case(BF16, 1, 500, 500, 2, 256);
@@ -404,8 +397,7 @@ TEST(fwd_o_staged_in_v_many_tiles) {
     run_case("hdim256 256 tiles", c);
     c = base_case(FP16, 1, 600, 50, 40, 256);
     run_case("hdim256 one key block per tile", c);
-    c = base_case(BF16, 1, 700, 200, 40, 192);
-    c.causal = 1;
+    c = causal_case(BF16, 1, 700, 200, 40, 192);
     run_case("hdim192 causal sq>sk, empty tiles", c);
     c = base_case(BF16, 2, 640, 640, 24, 192);
     c.heads_kv = 6;
@@ -442,8 +434,7 @@ TEST(fwd_padded_output_rows) {
 
 TEST(fwd_hdim96_and_192) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 2, 333, 333, 2, 96);   // 64-byte swizzle path
-    c.causal = 1;
+    fwd_case c = causal_case(BF16, 2, 333, 333, 2, 96);   // 64-byte swizzle path
     run_case("hdim96 causal", c);
     run_case("hdim96 fp16", base_case(FP16, 1, 200, 260, 2, 96));
     c = base_case(BF16, 1, 300, 300, 4, 192);
@@ -542,8 +533,7 @@ TEST(fwd_split_kv) {
     fwd_case c = base_case(BF16, 2, 1, 3000, 16, 128);   // auto: few tiles, many key blocks
     c.heads_kv = 2;
     run_case("decode auto splits", c);
-    c = base_case(BF16, 1, 300, 1000, 2, 64);
-    c.causal = 1;
+    c = causal_case(BF16, 1, 300, 1000, 2, 64);
     c.num_splits = 5;
     run_case("causal sq<sk, 5 splits", c);
     c = base_case(FP16, 1, 17, 2500, 3, 256);
