@@ -24,44 +24,43 @@ typedef struct {
 } fwd_instance;
 
 /* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn) {dt, hd, bn, 0, fa3c_fwd_sm90_##name},
-#define FA3C_SHORT_CAUSAL_ROW(name, dt, hd, bn, keys) {dt, hd, bn, keys, fa3c_fwd_sm90_##name},
+#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) {dt, hd, bn, short_keys, fa3c_fwd_sm90_##name},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
-    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64))
+    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim96
-    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96))
+    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim128
-    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128))
+    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim192
-    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192))
+    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192), 0)
 #endif
 #ifdef FA3C_INST_bf16_hdim256
-    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256))
+    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim64
-    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64))
+    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim96
-    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96))
+    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim128
-    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128))
+    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim192
-    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192))
+    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 0)
 #endif
 #ifdef FA3C_INST_fp16_hdim256
-    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256))
+    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 0)
 #endif
 #if defined(FA3C_INST_bf16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
-    FA3C_SHORT_CAUSAL_ROW(bf16_hdim256_n64, FA3C_DTYPE_BF16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
+    FA3C_TABLE_ROW(bf16_hdim256_n64, FA3C_DTYPE_BF16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
 #endif
 #if defined(FA3C_INST_fp16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
-    FA3C_SHORT_CAUSAL_ROW(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
+    FA3C_TABLE_ROW(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
 #endif
     {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
 
