@@ -238,6 +238,7 @@ FA3C_DEVICE void fence_regs(float *x) {
 // O *= rescale of its row (the online-softmax correction of the last step).
 template <int D>
 FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
+    if (FA3C_FWD_ABLATE_SOFTMAX == 1) return;   // the ablation without softmax (fwd_tiles.h)
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
 }

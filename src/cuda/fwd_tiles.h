@@ -146,6 +146,16 @@
 #define FA3C_FWD_SHORT_CAUSAL_KEYS_256 1024
 #endif
 
+/* Speed-of-light ablations for tools/gpu_tune.sh only: they give WRONG outputs
+ * (the GPU tests fail with them). 1: no softmax at all (P = S, O never
+ * rescaled), so the loop is the GEMMs, the barriers and the conversion to
+ * 16 bits; 2: the softmax without its exponentials (max, scale, sum kept).
+ * They say how much of the loop's time the softmax costs (bench/RESULTS.md,
+ * run 43). 0 (default): the real kernel. */
+#ifndef FA3C_FWD_ABLATE_SOFTMAX
+#define FA3C_FWD_ABLATE_SOFTMAX 0
+#endif
+
 /* Dynamic smem a block may use on sm_90 (227 KB). */
 #define FA3C_FWD_SMEM_LIMIT (227 * 1024)
 

@@ -68,6 +68,10 @@ FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
 // taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
 template <int BLOCK_N>
 FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
+    if (FA3C_FWD_ABLATE_SOFTMAX == 1) {   // speed-of-light ablation: P = S (wrong outputs)
+        rescale[0] = rescale[1] = 1.f;
+        return;
+    }
     float offset[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -79,7 +83,10 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         st.max[r] = new_max;
     }
 #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = ex2f(fmaf(s[i], score_log2, -offset[(i / 2) % 2]));
+    for (int i = 0; i < BLOCK_N / 2; i++) {
+        float x = fmaf(s[i], score_log2, -offset[(i / 2) % 2]);
+        s[i] = FA3C_FWD_ABLATE_SOFTMAX == 2 ? x : ex2f(x);   // 2: ablation without the exponentials
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
