@@ -57,22 +57,33 @@ FA3C_DEVICE uint32_t mbar_try_wait_parity(uint64_t *bar, uint32_t parity) {
     return done;
 }
 
-// Block until the phase with `parity` completes. With FA3C_DEBUG_HANGS a wait
-// that spins too long prints where it is and traps: a deadlock costs seconds.
-FA3C_DEVICE void mbar_wait_parity(uint64_t *bar, uint32_t parity) {
+// Spin until `ready` holds. With FA3C_DEBUG_HANGS a wait that spins too
+// long prints where it is (printf-style `...`) and traps: a deadlock costs
+// seconds, not the whole call.
 #ifdef FA3C_DEBUG_HANGS
-    long long spins = 0;
-    while (!mbar_try_wait_parity(bar, parity)) {
-        if (++spins == (1ll << 26)) {
-            printf("fa3c: mbarrier wait timed out: block (%d,%d,%d) thread %d bar %p parity %u\n",
-                   blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, bar, parity);
-            __trap();
-        }
-    }
+#define FA3C_SPIN_UNTIL(ready, ...)                  \
+    do {                                             \
+        long long fa3c_spins_ = 0;                   \
+        while (!(ready)) {                           \
+            if (++fa3c_spins_ == (1ll << 26)) {      \
+                printf(__VA_ARGS__);                 \
+                __trap();                            \
+            }                                        \
+        }                                            \
+    } while (0)
 #else
-    while (!mbar_try_wait_parity(bar, parity)) {
-    }
+#define FA3C_SPIN_UNTIL(ready, ...) \
+    do {                            \
+        while (!(ready)) {          \
+        }                           \
+    } while (0)
 #endif
+
+// Block until the phase with `parity` completes (FA3C_SPIN_UNTIL's hang trap).
+FA3C_DEVICE void mbar_wait_parity(uint64_t *bar, uint32_t parity) {
+    FA3C_SPIN_UNTIL(mbar_try_wait_parity(bar, parity),
+                    "fa3c: mbarrier wait timed out: block (%d,%d,%d) thread %d bar %p parity %u\n", blockIdx.x,
+                    blockIdx.y, blockIdx.z, threadIdx.x, bar, parity);
 }
 
 // ---- TMA: bulk tensor copies (PTX ISA 9.7.9.25) -----------------------------
@@ -250,22 +261,11 @@ FA3C_DEVICE int ld_acquire_gpu(const int *p) {
 }
 
 // Spin until *counter >= target (acquire: the writes released before the
-// increments that reached it are visible after). With FA3C_DEBUG_HANGS a
-// wait that spins too long prints where it is and traps, as mbar_wait_parity.
+// increments that reached it are visible after), with FA3C_SPIN_UNTIL's hang trap.
 FA3C_DEVICE void wait_counter_at_least(const int *counter, int target) {
-#ifdef FA3C_DEBUG_HANGS
-    long long spins = 0;
-    while (ld_acquire_gpu(counter) < target) {
-        if (++spins == (1ll << 26)) {
-            printf("fa3c: counter wait timed out: block %d thread %d counter %p < %d\n", blockIdx.x, threadIdx.x,
-                   counter, target);
-            __trap();
-        }
-    }
-#else
-    while (ld_acquire_gpu(counter) < target) {
-    }
-#endif
+    FA3C_SPIN_UNTIL(ld_acquire_gpu(counter) >= target,
+                    "fa3c: counter wait timed out: block %d thread %d counter %p < %d\n", blockIdx.x, threadIdx.x,
+                    counter, target);
 }
 
 // ---- arithmetic --------------------------------------------------------------
