@@ -1,13 +1,14 @@
 // Throughput of the softmax's instructions on one SM (results per clock per
 // SM), to check the model of the forward loop against the hardware
 // (docs/KERNEL.md, "Where the time goes"; bench/RESULTS.md run 43):
-// ex2.approx (MUFU), max, fma, add, and the softmax's fma -> ex2 -> add step.
+// ex2.approx (MUFU), max, fma, add, the softmax's fma -> ex2 -> add step, and
+// the f32 -> bf16x2 conversion of P (with an add to chain it).
 // One CTA of W warps, 8 independent chains per thread.
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o gpu_pipes tools/gpu_pipes.cu && ./gpu_pipes
 #include <cstdio>
 #include <cuda_runtime.h>
 
-enum { ITERS = 4096, ILP = 8, OPS = 5 };
+enum { ITERS = 4096, ILP = 8, OPS = 6 };
 
 template <int OP>
 __global__ void pipe_kernel(float *out, long long *cycles, float seed) {
@@ -28,6 +29,11 @@ __global__ void pipe_kernel(float *out, long long *cycles, float seed) {
                 asm volatile("ex2.approx.ftz.f32 %0, %0;" : "+f"(e));
                 asm volatile("add.f32 %0, %0, %1;" : "+f"(v[i]) : "f"(e));
             }
+            if (OP == 5) {   // two floats to a bf16 pair (F2FP), as P is packed for P·V
+                unsigned r;
+                asm volatile("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(v[i]));
+                asm volatile("add.f32 %0, %0, %1;" : "+f"(v[i]) : "f"(__uint_as_float(r & 0x80000000u)));
+            }
         }
     }
     __syncthreads();
@@ -39,9 +45,10 @@ __global__ void pipe_kernel(float *out, long long *cycles, float seed) {
 }
 
 int main() {
-    const char *names[OPS] = {"ex2.approx.f32 (MUFU)", "max.f32", "fma.f32", "add.f32", "fma+ex2+add (per ex2)"};
+    const char *names[OPS] = {"ex2.approx.f32 (MUFU)", "max.f32", "fma.f32", "add.f32", "fma+ex2+add (per ex2)",
+                              "cvt.bf16x2+add (per cvt)"};
     void (*kernels[OPS])(float *, long long *, float) = {pipe_kernel<0>, pipe_kernel<1>, pipe_kernel<2>,
-                                                         pipe_kernel<3>, pipe_kernel<4>};
+                                                         pipe_kernel<3>, pipe_kernel<4>, pipe_kernel<5>};
     float *out;
     long long *cyc, h;
     if (cudaMalloc(&out, 1024 * sizeof(float)) != cudaSuccess || cudaMalloc(&cyc, sizeof(long long)) != cudaSuccess) {

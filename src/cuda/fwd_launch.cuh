@@ -5,6 +5,34 @@
 #include "fwd_sm90.cuh"
 #include "backend.h"
 
+#if FA3C_FWD_TRACE
+#include <stdio.h>
+#include <stdlib.h>
+// Trace builds (trace.cuh): clear the stamps before a launch, and write them
+// after it to $FA3C_TRACE_OUT (a header of five int32 - D, CTAs, roles,
+// blocks, events - then the uint64 stamps), overwritten by each call.
+static void trace_clear(cudaStream_t stream) {
+    void *stamps = NULL;
+    if (cudaGetSymbolAddress(&stamps, fa3c_trace_stamps) == cudaSuccess)
+        cudaMemsetAsync(stamps, 0, sizeof(fa3c_trace_stamps), stream);
+}
+static void trace_write(cudaStream_t stream, int d) {
+    const char *path = getenv("FA3C_TRACE_OUT");
+    if (!path || cudaStreamSynchronize(stream) != cudaSuccess) return;
+    static unsigned long long host[sizeof(fa3c_trace_stamps) / 8];
+    if (cudaMemcpyFromSymbol(host, fa3c_trace_stamps, sizeof(host)) != cudaSuccess) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    int header[5] = {d, FA3C_TRACE_CTAS, FA3C_TRACE_ROLES, FA3C_TRACE_BLOCKS, TR_EVENTS};
+    fwrite(header, sizeof(header), 1, f);
+    fwrite(host, sizeof(host), 1, f);
+    fclose(f);
+}
+#else
+static void trace_clear(cudaStream_t) {}
+static void trace_write(cudaStream_t, int) {}
+#endif
+
 template <int D, int BLOCK_N, int FP16>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
     size_t smem = fwd_smem_bytes<D, BLOCK_N>();
@@ -13,10 +41,12 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
     // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
+    trace_clear(stream);
     fwd_kernel<D, BLOCK_N, FP16><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));
+    trace_write(stream, D);
     return FA3C_STATUS_OK;
 }
 
