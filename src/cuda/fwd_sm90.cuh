@@ -29,9 +29,9 @@
 #include "trace.cuh"
 
 // Named-barrier ids (0 is __syncthreads): per consumer warpgroup, one for
-// the turn-taking (pingpong; round robin with 3 warpgroups), one for its
-// epilogue's O staging and one for the softmax turns.
-enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4, BAR_SOFTMAX_WG0 = 7 };
+// the turn-taking (pingpong; round robin with 3 warpgroups) and one for its
+// epilogue's O staging.
+enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4 };
 
 // Where O is staged for the TMA-store epilogue: 64 rows x D per consumer
 // warpgroup, as D / 64 boxes of 64 rows x 128 B (128-byte swizzle).
@@ -166,13 +166,9 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
 
 // One thread streams, for every tile of this CTA, Q once (when the previous
 // tile's consumers are done with it) and K, V per key block through the ring.
-// `ring` counts key blocks over all tiles: it fixes slot and parity. With
-// S_AHEAD (consumers issue Q·Kᵀ one block ahead), K runs one block ahead of
-// V: K(i + 1) is loaded before V(i), so that the next K never waits for a V
-// slot.
+// `ring` counts key blocks over all tiles: it fixes slot and parity.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    enum { AHEAD = FA3C_FWD_S_AHEAD_D(D) };
     int ring = 0, q_uses = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
@@ -185,12 +181,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
-            if (!AHEAD)
-                produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
-            else if (n < t.n_end - 1)
-                produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, n + 1, n + 1 == t.n_end - 1, tile_count);
+            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
         }
-        if (AHEAD) produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, t.n_begin, t.n_begin == t.n_end - 1, tile_count);
     }
 }
 
@@ -320,18 +312,6 @@ FA3C_DEVICE void wait_my_turn(int consumer) {
 template <int CONSUMERS>
 FA3C_DEVICE void pass_turn(int consumer) {
     if (FA3C_FWD_PINGPONG) named_bar_arrive(BAR_TURN_WG0 + (consumer + 1) % CONSUMERS, 256);
-}
-
-// The same turn-taking for the softmax (FA3C_FWD_SOFTMAX_TURNS, fwd_tiles.h):
-// warpgroup c starts a block's softmax when c - 1 has finished its own, so
-// two softmaxes never share the SFU's ex2 rate. One turn per key block.
-template <int CONSUMERS>
-FA3C_DEVICE void wait_softmax_turn(int consumer) {
-    if (FA3C_FWD_SOFTMAX_TURNS) named_bar_sync(BAR_SOFTMAX_WG0 + consumer, 256);
-}
-template <int CONSUMERS>
-FA3C_DEVICE void pass_softmax_turn(int consumer) {
-    if (FA3C_FWD_SOFTMAX_TURNS) named_bar_arrive(BAR_SOFTMAX_WG0 + (consumer + 1) % CONSUMERS, 256);
 }
 
 // Scores in place: softcap and the mask, where they apply.
@@ -546,8 +526,6 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    wait_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    pass_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     mbar_wait_parity(&sm.k_full[s], ph);
     release(&sm.k_empty[s]);
     mbar_wait_parity(&sm.v_full[s], ph);
@@ -608,10 +586,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
     release(&sm.k_empty[cur]);
-    wait_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
     softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-    pass_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_SOFTMAX);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     trace(consumer_index, ring, TR_CONVERTED);
@@ -640,11 +616,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         fence_regs<BLOCK_N / 2>(s);
         trace(consumer_index, ring, TR_S_READY);
         release(&sm.k_empty[cur]);
-        wait_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
         softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
-        pass_softmax_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         trace(consumer_index, ring, TR_SOFTMAX);
 
         wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
@@ -675,196 +649,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     release(&sm.v_empty[last]);
 
     finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
-    trace(consumer_index, ring, TR_TILE_END);
-}
-
-// ---- consumer with Q·Kᵀ one block ahead (FA3C_FWD_S_AHEAD) ----------------------
-
-// What a consumer warpgroup keeps across the key blocks of a tile.
-template <int D, int BLOCK_N>
-struct ConsumerRegs {
-    float o[D / 2];
-    uint32_t p_frag[BLOCK_N / 16][4];
-    SoftmaxState st;
-    float rescale[2];
-};
-
-// Q·Kᵀ of the key block in ring slot `slot` into s (Q from registers or smem).
-template <int D, int BLOCK_N, int STAGES, int FP16, int Q_REGS>
-FA3C_DEVICE void issue_qk(float *s, uint32_t (*q_frag)[4], FwdSmem<D, BLOCK_N, STAGES> &sm, int slot,
-                          int consumer_index) {
-    if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[slot]);
-    else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[slot], consumer_index);
-    wgmma_commit();
-}
-
-// One key block n of consumer_tile_ahead: its S is in `cur` (issued a turn
-// ago, complete). The turn issues P·V of the previous block and, with NEXT,
-// Q·Kᵀ of the next block into `next`; then block n's softmax runs while both
-// are on the tensor cores. The block ends with every wgmma complete: ptxas
-// serializes all wgmma of the kernel (C7514) if one stays pending across the
-// loop's back edge, and Q·Kᵀ(next), issued with P·V, is done by then.
-// `ring` enters at the previous block.
-template <int D, int BLOCK_N, int STAGES, int FP16, int Q_REGS, int NEXT>
-FA3C_DEVICE void ahead_block(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &w,
-                             int consumer_index, int &ring, int n, float *cur, float *next, uint32_t (*q_frag)[4],
-                             ConsumerRegs<D, BLOCK_N> &r, int row0, int quad, int tid) {
-    enum { UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D), CONSUMERS = FA3C_FWD_CONSUMERS(D) };
-    const int prev = stage_of(ring, STAGES);
-    const uint32_t prev_phase = phase_of(ring, STAGES);
-    ring++;
-    const int slot = stage_of(ring, STAGES), next_slot = stage_of(ring + 1, STAGES);
-    mbar_wait_parity(&sm.v_full[prev], prev_phase);
-    if (NEXT) mbar_wait_parity(&sm.k_full[next_slot], phase_of(ring + 1, STAGES));
-    trace(consumer_index, ring, TR_DATA);
-    wait_my_turn<CONSUMERS>(consumer_index);
-    trace(consumer_index, ring, TR_TURN);
-    if (!UNDER_PV) rescale_output<D>(r.o, r.rescale);   // to the previous block's max
-    wgmma_fence();
-    gemm_pv<D, BLOCK_N, FP16>(r.o, r.p_frag, sm.v[prev]);
-    wgmma_commit();
-    if (NEXT) issue_qk<D, BLOCK_N, STAGES, FP16, Q_REGS>(next, q_frag, sm, next_slot, consumer_index);
-    pass_turn<CONSUMERS>(consumer_index);
-
-    trace(consumer_index, ring, TR_S_READY);
-    release(&sm.k_empty[slot]);
-    wait_softmax_turn<CONSUMERS>(consumer_index);
-    prepare_scores<BLOCK_N>(cur, p, w, row0, n, quad);
-    softmax_step<BLOCK_N>(cur, r.st, p.score_log2, r.rescale);
-    pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], r.st, tid);
-    pass_softmax_turn<CONSUMERS>(consumer_index);
-    trace(consumer_index, ring, TR_SOFTMAX);
-
-    wgmma_wait<NEXT ? 1 : 0>();   // P·V(prev) done: its P registers are free
-    fence_regs<D / 2>(r.o);
-    trace(consumer_index, ring, TR_PV_DONE);
-    release(&sm.v_empty[prev]);
-    if (UNDER_PV) rescale_output<D>(r.o, r.rescale);   // to block n's max
-    probs_to_fragments<BLOCK_N, FP16>(cur, r.p_frag);
-    if (NEXT) {
-        wgmma_wait<0>();   // S(next)
-        fence_regs<BLOCK_N / 2>(next);
-    }
-    trace(consumer_index, ring, TR_CONVERTED);
-}
-
-// The first turn of a tile in consumer_tile_ahead: Q·Kᵀ of its first key
-// block n into `cur` and, with NEXT, of the second into `next`; then block
-// n's softmax. `ring` is at block n.
-template <int D, int BLOCK_N, int STAGES, int FP16, int Q_REGS, int NEXT>
-FA3C_DEVICE void first_turn(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &w,
-                            int consumer_index, int ring, int n, float *cur, float *next, uint32_t (*q_frag)[4],
-                            ConsumerRegs<D, BLOCK_N> &r, int row0, int quad) {
-    enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
-    const int slot = stage_of(ring, STAGES);
-    trace(consumer_index, ring, TR_DATA);
-    wait_my_turn<CONSUMERS>(consumer_index);
-    trace(consumer_index, ring, TR_TURN);
-    wgmma_fence();
-    issue_qk<D, BLOCK_N, STAGES, FP16, Q_REGS>(cur, q_frag, sm, slot, consumer_index);
-    if (NEXT) issue_qk<D, BLOCK_N, STAGES, FP16, Q_REGS>(next, q_frag, sm, stage_of(ring + 1, STAGES), consumer_index);
-    pass_turn<CONSUMERS>(consumer_index);
-    wgmma_wait<NEXT>();   // S(n); Q·Kᵀ of the second block may still run
-    fence_regs<BLOCK_N / 2>(cur);
-    trace(consumer_index, ring, TR_S_READY);
-    release(&sm.k_empty[slot]);
-    wait_softmax_turn<CONSUMERS>(consumer_index);
-    prepare_scores<BLOCK_N>(cur, p, w, row0, n, quad);
-    softmax_step<BLOCK_N>(cur, r.st, p.score_log2, r.rescale);
-    pass_softmax_turn<CONSUMERS>(consumer_index);
-    trace(consumer_index, ring, TR_SOFTMAX);
-    probs_to_fragments<BLOCK_N, FP16>(cur, r.p_frag);
-    if (NEXT) {
-        wgmma_wait<0>();   // S of the second block
-        fence_regs<BLOCK_N / 2>(next);
-    }
-    trace(consumer_index, ring, TR_CONVERTED);
-}
-
-// consumer_tile with Q·Kᵀ issued one key block ahead: two S buffers, used in
-// turn (the loop is unrolled by two so that each is a fixed set of
-// registers). Same barrier protocol and turn count as consumer_tile (the
-// producer loads K one block ahead of V to match).
-template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
-FA3C_DEVICE void consumer_tile_ahead(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
-                                     const FwdTile &t, int consumer_index, int &ring, uint32_t q_phase, int step) {
-    enum {
-        CONSUMERS = FA3C_FWD_CONSUMERS(D),
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
-    };
-    int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
-    int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
-
-    ConsumerRegs<D, BLOCK_N> r;
-    uint32_t q_frag[Q_REGS ? D / 16 : 1][4];
-    float s_a[BLOCK_N / 2], s_b[BLOCK_N / 2];
-    softmax_init(r.st);
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) r.o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; i++) s_a[i] = s_b[i] = 0.f;   // defined before any wgmma writes them
-
-    trace(consumer_index, ring, TR_TILE_START);
-    mbar_wait_parity(&sm.q_full, q_phase);
-    if (Q_REGS) {
-        load_q_fragments<D>(q_frag, sm.q, consumer_index);
-        release(&sm.q_empty);
-    }
-    const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
-    if (SKIP_MASKED)
-        for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
-
-    // First turn: Q·Kᵀ of the first block and, if there is one, of the
-    // second. (Two code paths, so that ptxas sees one fixed sequence of
-    // wgmma groups in each and does not serialize them.)
-    int n = w.n_end - 1;
-    const int first = stage_of(ring, STAGES), second = stage_of(ring + 1, STAGES);
-    mbar_wait_parity(&sm.k_full[first], phase_of(ring, STAGES));
-    if (n - 1 < t.n_begin) {   // one key block
-        first_turn<D, BLOCK_N, STAGES, FP16, Q_REGS, 0>(p, sm, w, consumer_index, ring, n, s_a, s_b, q_frag, r, row0,
-                                                         quad);
-    } else {
-        mbar_wait_parity(&sm.k_full[second], phase_of(ring + 1, STAGES));
-        first_turn<D, BLOCK_N, STAGES, FP16, Q_REGS, 1>(p, sm, w, consumer_index, ring, n, s_a, s_b, q_frag, r, row0,
-                                                         quad);
-        // The other blocks, two per trip: S in s_b, then in s_a.
-        for (n = n - 1; n >= t.n_begin; n -= 2) {
-            if (n - 1 < t.n_begin) {
-                ahead_block<D, BLOCK_N, STAGES, FP16, Q_REGS, 0>(p, sm, w, consumer_index, ring, n, s_b, s_a, q_frag,
-                                                                  r, row0, quad, tid);
-                break;
-            }
-            ahead_block<D, BLOCK_N, STAGES, FP16, Q_REGS, 1>(p, sm, w, consumer_index, ring, n, s_b, s_a, q_frag, r,
-                                                              row0, quad, tid);
-            if (n - 2 < t.n_begin) {
-                ahead_block<D, BLOCK_N, STAGES, FP16, Q_REGS, 0>(p, sm, w, consumer_index, ring, n - 1, s_a, s_b,
-                                                                  q_frag, r, row0, quad, tid);
-                break;
-            }
-            ahead_block<D, BLOCK_N, STAGES, FP16, Q_REGS, 1>(p, sm, w, consumer_index, ring, n - 1, s_a, s_b, q_frag,
-                                                              r, row0, quad, tid);
-        }
-    }
-    if (!Q_REGS) release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
-
-    // Last P·V.
-    int last = stage_of(ring, STAGES);
-    mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
-    ring++;
-    trace(consumer_index, ring, TR_LAST_DATA);
-    wait_my_turn<CONSUMERS>(consumer_index);
-    trace(consumer_index, ring, TR_LAST_TURN);
-    if (!FA3C_FWD_SOFTMAX_UNDER_PV_D(D)) rescale_output<D>(r.o, r.rescale);
-    wgmma_fence();
-    gemm_pv<D, BLOCK_N, FP16>(r.o, r.p_frag, sm.v[last]);
-    wgmma_commit();
-    pass_turn<CONSUMERS>(consumer_index);
-    wgmma_wait<0>();
-    fence_regs<D / 2>(r.o);
-    trace(consumer_index, ring, TR_LAST_PV_DONE);
-    release(&sm.v_empty[last]);
-
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, r.o, r.st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -903,10 +687,7 @@ template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
-    if (consumer_index == CONSUMERS - 1) {   // warpgroup 0 goes first
-        pass_turn<CONSUMERS>(consumer_index);
-        pass_softmax_turn<CONSUMERS>(consumer_index);
-    }
+    if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
@@ -923,23 +704,13 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // blocks masked for a whole warpgroup. The skipping code is a
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
-            if (FA3C_FWD_S_AHEAD_D(D)) {
-                if (p.window_right >= 0)
-                    consumer_tile_ahead<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring,
-                                                                     q_phase_of(q_uses++), step);
-                else
-                    consumer_tile_ahead<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring,
-                                                                     q_phase_of(q_uses++), step);
-            } else if (p.window_right >= 0)
+            if (p.window_right >= 0)
                 consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
             else
                 consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
         }
     }
-    if (consumer_index == 0) {   // take the last warpgroup's last passes: barriers end balanced
-        wait_my_turn<CONSUMERS>(0);
-        wait_softmax_turn<CONSUMERS>(0);
-    }
+    if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }
 

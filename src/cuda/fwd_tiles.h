@@ -78,28 +78,6 @@
 #else
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
 #endif
-/* 1: the consumer warpgroups also take turns for the softmax of each key
- * block (fwd_sm90.cuh, wait_softmax_turn), so that two softmaxes never run
- * at once: they share each SM sub-partition's ex2 unit (16 per clock per
- * SM), and tools/gpu_trace.sh found them overlapping by half their length,
- * which stretched each to 1.5-2x its time alone (tools/gpu_softmax.cu).
- * 0: a softmax starts as soon as its S is ready. */
-#ifndef FA3C_FWD_SOFTMAX_TURNS
-#define FA3C_FWD_SOFTMAX_TURNS 0
-#endif
-/* 1: each consumer warpgroup issues Q·Kᵀ one key block ahead, into a second
- * S buffer (fwd_sm90.cuh, consumer_tile_ahead): the turn that issues
- * P·V(j-1) also issues Q·Kᵀ(j+1), so S(j+1) is computed while the softmax
- * of block j runs and the Q·Kᵀ latency leaves each warpgroup's critical
- * path (tools/gpu_trace.sh: per block, ~730 cycles from issue to S, then the
- * softmax, one after the other). Costs BLOCK_N / 2 registers, which only
- * hdim 128 with 64 keys (or 80 with Q from smem) has free: ptxas spills or
- * serializes the wgmma otherwise. The producer loads K one block ahead of
- * V. 0: S(j+1) is issued after softmax(j). */
-#ifndef FA3C_FWD_S_AHEAD_128
-#define FA3C_FWD_S_AHEAD_128 0
-#endif
-#define FA3C_FWD_S_AHEAD_D(D) ((D) == 128 ? FA3C_FWD_S_AHEAD_128 : 0)
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
  * after a shuffle transpose; 0: always from registers. */
