@@ -39,9 +39,12 @@ enum FwdNamedBarrier { BAR_TURN_WG0 = 1, BAR_EPILOGUE_WG0 = 4 };
 //                 the K/V ring (hdim 64 and 128);
 //   O_STAGE_IN_V  over the V ring (hdim 192 and 256, where Q and the ring
 //                 take the smem; FA3 does the same): O may be written once
-//                 every consumer has released the tile's last V slots, and
+//                 every consumer has released the V slot it goes to, and
 //                 the producer loads the next tile's first V only once the
-//                 O stores have read the ring (the o_free barrier);
+//                 O stores have read the ring (the o_free barrier). With
+//                 FA3C_FWD_O_IN_V_SLOT, consumer c takes the slot of the
+//                 tile's (CONSUMERS - c)-th last key block, which the others
+//                 release earliest (see o_staging);
 //   O_STAGE_NONE  D not a multiple of 64 (hdim 96): O goes out from registers.
 enum OStagePlace { O_STAGE_NONE, O_STAGE_OWN, O_STAGE_IN_V };
 
@@ -56,8 +59,10 @@ constexpr int o_stage_place() {
            : qkv_smem_bytes<D, BLOCK_N, STAGES>() +
                          FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= FA3C_FWD_SMEM_LIMIT
                ? O_STAGE_OWN
-           : FA3C_FWD_O_IN_V && FA3C_FWD_CONSUMERS(D) * 64 * D * 2 <= STAGES * BLOCK_N * D * 2 ? O_STAGE_IN_V
-                                                                                             : O_STAGE_NONE;
+           : FA3C_FWD_O_IN_V && (FA3C_FWD_O_IN_V_SLOT ? 64 <= BLOCK_N && FA3C_FWD_CONSUMERS(D) <= STAGES
+                                                      : FA3C_FWD_CONSUMERS(D) * 64 <= STAGES * BLOCK_N)
+               ? O_STAGE_IN_V
+               : O_STAGE_NONE;
 }
 template <int BYTES>
 struct OStaging {
@@ -81,31 +86,47 @@ struct FwdSmem {
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
+// Ring slot and barrier parity of the it-th key block.
+FA3C_DEVICE int stage_of(int it, int stages) { return it % stages; }
+FA3C_DEVICE uint32_t phase_of(int it, int stages) { return (uint32_t)(it / stages) & 1; }
+
+// O_STAGE_IN_V with FA3C_FWD_O_IN_V_SLOT: the ring index whose V slot
+// consumer c stages O in, `ring` being past the tile's last key block:
+// ring - CONSUMERS + c. The warpgroups finish a tile in turn order, so the
+// first to finish takes the slot the others are done with soonest, and
+// waits for that slot alone. (It may be the previous tile's: then the
+// producer's o_free wait, before this tile's first V, has freed it.)
+template <int D>
+FA3C_DEVICE int o_staging_ring_index(int ring, int c) {
+    return ring - FA3C_FWD_CONSUMERS(D) + c;
+}
+
 // Consumer c's 64 x D staging area (its first 64-column box; the next box is
 // 64 * 128 bytes on), or NULL where O goes out from registers.
 template <int D, int PLACE>
 struct StagingOf {   // O_STAGE_OWN
     template <class Smem>
-    FA3C_DEVICE uint8_t *get(Smem &sm, int c) { return sm.staging.o + c * 64 * D * 2; }
+    FA3C_DEVICE uint8_t *get(Smem &sm, int c, int) { return sm.staging.o + c * 64 * D * 2; }
 };
 template <int D>
 struct StagingOf<D, O_STAGE_IN_V> {
     template <class Smem>
-    FA3C_DEVICE uint8_t *get(Smem &sm, int c) { return &sm.v[0][0] + c * 64 * D * 2; }
+    FA3C_DEVICE uint8_t *get(Smem &sm, int c, int ring) {
+        enum { STAGES = sizeof(sm.v) / sizeof(sm.v[0]) };
+        if (!FA3C_FWD_O_IN_V_SLOT) return &sm.v[0][0] + c * 64 * D * 2;
+        return sm.v[stage_of(o_staging_ring_index<D>(ring, c) + STAGES, STAGES)];   // + STAGES: never negative
+    }
 };
 template <int D>
 struct StagingOf<D, O_STAGE_NONE> {
     template <class Smem>
-    FA3C_DEVICE uint8_t *get(Smem &, int) { return nullptr; }
+    FA3C_DEVICE uint8_t *get(Smem &, int, int) { return nullptr; }
 };
+// `ring`: past the tile's last key block (used by O_STAGE_IN_V).
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
-    return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_PLACE>().get(sm, consumer_index);
+FA3C_DEVICE uint8_t *o_staging(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int ring) {
+    return StagingOf<D, FwdSmem<D, BLOCK_N, STAGES>::O_PLACE>().get(sm, consumer_index, ring);
 }
-
-// Ring slot and barrier parity of the it-th key block.
-FA3C_DEVICE int stage_of(int it, int stages) { return it % stages; }
-FA3C_DEVICE uint32_t phase_of(int it, int stages) { return (uint32_t)(it / stages) & 1; }
 // Q barrier parity of the use-th tile that loads Q (one Q buffer).
 FA3C_DEVICE uint32_t q_phase_of(int use) { return (uint32_t)use & 1; }
 
@@ -278,12 +299,18 @@ FA3C_DEVICE void release(uint64_t *bar) {
 }
 
 // O_STAGE_IN_V: wait until every consumer warp has released the last use of
-// each V slot (the v_empty phase of ring index ring - 1 - k), so that all
-// P·V of the tile have read the ring before O is written over it. The next
-// use of each slot is the next tile's, which the producer holds back until
-// release_o_staging.
-template <int STAGES>
-FA3C_DEVICE void wait_v_ring_read(uint64_t *v_empty, int ring) {
+// the V slots this warpgroup stages O in (the v_empty phase of ring index
+// ring - 1 - k for each slot; with FA3C_FWD_O_IN_V_SLOT only its own slot's
+// index, o_staging_ring_index), so that the tile's P·V have read them before
+// O is written over them. The next use of each slot is the next tile's,
+// which the producer holds back until release_o_staging.
+template <int D, int STAGES>
+FA3C_DEVICE void wait_v_ring_read(uint64_t *v_empty, int ring, int consumer_index) {
+    if (FA3C_FWD_O_IN_V_SLOT) {
+        int r = o_staging_ring_index<D>(ring, consumer_index);
+        if (r >= 0) mbar_wait_parity(&v_empty[stage_of(r, STAGES)], phase_of(r, STAGES));
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < STAGES; k++) {
         int r = ring - 1 - k;
@@ -487,6 +514,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 
 // ---- consumer ------------------------------------------------------------------
 
+
 // The epilogue of a tile, through the O staging of this build (O_STAGE_*).
 // `ring` is past the tile's last key block; `step` the CTA's step (for the
 // stream-K cut, if any).
@@ -502,7 +530,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
                         meet_other_piece<D, FA3C_FWD_CONSUMERS(D)>(p, cut, o, st, consumer_index,
                                                                    &sm.tail_ticket[consumer_index],
                                                                    BAR_EPILOGUE_WG0 + consumer_index);
-    uint8_t *stage = o_staging(sm, consumer_index);
+    uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
         if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index);
         return;
@@ -510,7 +538,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
     // O staged in the V ring: once every consumer has read the ring, and only
     // where the epilogue stages (not for split-KV partials or register stores).
     const bool staged = writes && p.out_tma && p.num_splits == 1;
-    if (staged) wait_v_ring_read<STAGES>(sm.v_empty, ring);
+    if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
     if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index);
     release_o_staging(&sm.o_free, staged);
 }
@@ -680,7 +708,7 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     softmax_init(st);
     // Not through the V ring: the producer may be filling it for the next tile.
     bool in_v = FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V;
-    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index), consumer_index);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index, 0), consumer_index);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>

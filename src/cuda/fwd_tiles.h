@@ -91,6 +91,17 @@
 #ifndef FA3C_FWD_O_IN_V
 #define FA3C_FWD_O_IN_V 1
 #endif
+/* With O staged in the V ring: 1, each consumer warpgroup stages its O in
+ * one V slot of its own (needs 64 <= BLOCK_N and a slot per warpgroup) and
+ * waits only for that slot to be read, the first to finish taking the slot
+ * the others released first; 0, consumer c stages at c * 64 rows from the
+ * ring's start, across slots, and waits for every slot, so warpgroup 0 waits
+ * for warpgroup 1's last P·V (fwd_sm90.cuh, o_staging_ring_index). Measured
+ * on the H200 (bench/RESULTS.md, run 49): hdim 192 causal +4% at 512 and +2%
+ * at 2k, hdim 256 +2% at causal 512 and non-causal 2k, the rest even. */
+#ifndef FA3C_FWD_O_IN_V_SLOT
+#define FA3C_FWD_O_IN_V_SLOT 1
+#endif
 /* 1 (default): for hdim 128 (2 consumers with 240 registers; hdim 64's
  * 160-register consumers spill with it), each consumer loads its Q rows into
  * registers once per tile (ldmatrix) and issues Q·Kᵀ with A from registers
