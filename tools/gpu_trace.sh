@@ -7,8 +7,9 @@
 # FLOP per clock per SM of the traced CTAs (clock-independent, unlike TFLOPS
 # under the card's power cap). With TRACE_ABLATE=1 (default) also a traced
 # build without the softmax (FA3C_FWD_ABLATE_SOFTMAX=1: wrong outputs).
-#   bash tools/gpu_trace.sh            (TRACE_SHAPES=quick for three shapes;
-#   TRACE_FLAGS="-DKNOB=V" adds knobs to every build)
+#   bash tools/gpu_trace.sh            (TRACE_SHAPES=quick for three shapes, or
+#   a list of shape labels, e.g. "h256_nc_8k h256_nc_512"; TRACE_FLAGS="-DKNOB=V"
+#   adds knobs to every build)
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -28,6 +29,11 @@ perf() { grep -oE "perf +[0-9.]+" | grep -oE "[0-9.]+$"; }
 # label hdim block_n batch seqlen heads [variant] [extra fa3c-run args]
 shape() {
   local label=$1 hd=$2 bn=$3 b=$4 s=$5 h=$6 variant=${7:-trace}
+  case "${TRACE_SHAPES:-all}" in
+    all) ;;
+    quick) case "$label" in h128_nc_8k|h128_c_8k|h64_nc_8k|*_nosoftmax) ;; *) return ;; esac ;;
+    *) [[ " $TRACE_SHAPES " == *" $label "* ]] || return ;;
+  esac
   shift 6; [ $# -gt 0 ] && shift
   local args=(--device cuda --batch "$b" --seqlen "$s" --heads "$h" --hdim "$hd" --iters 5 --warmup 3 --check-rows 0 "$@")
   local p t
@@ -40,13 +46,11 @@ shape() {
   shape h128_nc_8k 128 128 2 8192 16
   shape h128_c_8k 128 128 2 8192 16 trace --causal
   shape h64_nc_8k 64 128 2 8192 32
-  if [ "${TRACE_SHAPES:-all}" = all ]; then
-    shape h128_nc_2k 128 128 8 2048 16
-    shape h128_nc_512 128 128 32 512 16
-    shape h64_c_512 64 128 32 512 32 trace --causal
-    shape h256_nc_8k 256 80 2 8192 8
-    shape h256_nc_512 256 80 32 512 8
-  fi
+  shape h128_nc_2k 128 128 8 2048 16
+  shape h128_nc_512 128 128 32 512 16
+  shape h64_c_512 64 128 32 512 32 trace --causal
+  shape h256_nc_8k 256 80 2 8192 8
+  shape h256_nc_512 256 80 32 512 8
   if [[ " ${built[*]} " == *" nosoftmax "* ]]; then
     shape h128_nc_8k_nosoftmax 128 128 2 8192 16 nosoftmax
     shape h64_nc_8k_nosoftmax 64 128 2 8192 32 nosoftmax
