@@ -549,7 +549,6 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 
 // ---- consumer ------------------------------------------------------------------
 
-
 // The epilogue of a tile, through the O staging of this build (O_STAGE_*).
 // `ring` is past the tile's last key block; `step` the CTA's step (for the
 // stream-K cut, if any).
