@@ -89,9 +89,12 @@
  * per V stage (hdim 128 then uses 226 of its 227 KB). The softmax still
  * folds its probabilities into one stored value (an xor, half the
  * instructions of the sums) to stay pinned before the P·V wait
- * (fwd_sm90.cuh, pin_softmax). Compiled and checked in the SASS (no spills,
- * no C75xx, 888 loop instructions instead of 913), not yet run on the GPU:
- * the next device session tests and measures it. 0: sums in the softmax. */
+ * (fwd_sm90.cuh, pin_softmax). The sums are of P in 16 bits, the values
+ * P·V multiplies (fp32 P before), so the LSE can differ by ~2^-9 of the sum
+ * at most. Compiled and checked in the SASS (no spills, no C75xx, 888 loop
+ * instructions instead of 913), not yet run on the GPU: the next device
+ * session runs its step test (test_wgmma: wgmma_rs_pv_rowsum_64x136x64),
+ * the forward tests with it, and measures it. 0: sums in the softmax. */
 #ifndef FA3C_FWD_TC_ROWSUM_128
 #define FA3C_FWD_TC_ROWSUM_128 0
 #endif
