@@ -45,7 +45,8 @@ def main():
     last = {k: [] for k in ("V wait", "turn wait", "issue->PV", "epilogue", "->next turn")}
     rate = []
     for c in range(ctas):
-        consumers = [r for r in range(roles - 1) if any(stamp(c, r, b, EV["TURN"]) for b in range(min(blocks, 64)))]
+        # Every consumer warpgroup that computed a block (one may idle on its first tiles).
+        consumers = [r for r in range(roles - 1) if any(stamp(c, r, b, EV["TURN"]) for b in range(blocks))]
         t0, t1, nblocks = None, 0, 0
         for r in consumers:
             for b in range(blocks):
