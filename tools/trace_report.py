@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Summarise a forward-kernel trace (FA3C_FWD_TRACE=1 builds, src/cuda/trace.cuh).
 
-    python3 tools/trace_report.py TRACE [--block-flops F]
+    python3 tools/trace_report.py TRACE [--block-flops F] [--timeline N]
 
 Per consumer warpgroup, over the traced CTAs: the median cycles of each phase
 of a key block in the steady state (not a tile's first block), of a tile's
 first block and of its end (last P·V, epilogue), and the period between two
 turns. F (optional): FLOPs of one key block of one warpgroup (4 * 64 * BLOCK_N
 * D), to print FLOP per clock per SM against the 4096 of dense bf16 wgmma.
+--timeline N: also print CTA 0's stamps for N key blocks from its 20th, per
+warpgroup, relative to the first (to see how the warpgroups interleave).
+The producer's line: cycles from a K load's issue to the consumers' first
+check that it has landed (small: the load was late).
 Pure Python (no numpy), so it runs anywhere.
 """
 import array
@@ -93,6 +97,26 @@ def main():
         print(title + ":")
         print("  " + " ".join(f"{k:>12}" for k in table))
         print("  " + " ".join(f"{med(v):>12}" for v in table.values()) + f"   (n = {len(next(iter(table.values())))})")
+    lead = []
+    for c in range(ctas):
+        for b in range(blocks):
+            issued, data = stamp(c, roles - 1, b, EV["K_SLOT_FREE"]), stamp(c, 0, b, EV["DATA"])
+            if issued and data:
+                lead.append(data - issued)
+    if lead:
+        print(f"producer: K load issue -> consumer 0's data check, median {med(lead).strip()} cycles, "
+              f"10th percentile {sorted(lead)[len(lead) // 10]} (n = {len(lead)})")
+    if "--timeline" in sys.argv:
+        count = int(sys.argv[sys.argv.index("--timeline") + 1])
+        names = ("DATA", "TURN", "S_READY", "SOFTMAX", "PV_DONE", "CONVERTED")
+        base = stamp(0, 0, 20, EV["TURN"])
+        print("CTA 0 timeline (cycles from warpgroup 0's turn at ring index 20):")
+        print("  block wg " + " ".join(f"{n:>9}" for n in names))
+        for b in range(20, 20 + count):
+            for r in range(roles - 1):
+                row = [stamp(0, r, b, EV[n]) for n in names]
+                if any(row) and base:
+                    print(f"  {b:5} {r:2} " + " ".join(f"{x - base:9d}" if x else f"{'-':>9}" for x in row))
     for c, n, cycles in rate:
         line = f"CTA {c}: {n} warpgroup key blocks in {cycles} cycles"
         if flops:
