@@ -51,7 +51,7 @@ enum OStagePlace { O_STAGE_NONE, O_STAGE_OWN, O_STAGE_IN_V };
 // Bytes of Q, the K/V ring, the barriers (< 1 KB) and the base alignment (1 KB).
 template <int D, int BLOCK_N, int STAGES>
 constexpr int qkv_smem_bytes() {
-    return FA3C_FWD_BLOCK_M(D) * D * 2 + STAGES * BLOCK_N * (D + FA3C_FWD_V_COLS(D)) * 2 + 2048;
+    return FA3C_FWD_BLOCK_M(D) * D * 2 + 2 * STAGES * BLOCK_N * D * 2 + 2048;
 }
 template <int D, int BLOCK_N, int STAGES>
 constexpr int o_stage_place() {
@@ -74,11 +74,9 @@ struct OStaging<0> {};
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
     static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
-    static_assert(!FA3C_FWD_TC_ROWSUM(D) || (O_PLACE != O_STAGE_IN_V && D % 64 == 0),
-                  "the ones chunk of TC_ROWSUM needs whole 64-column chunks and O staged outside V");
     alignas(1024) uint8_t q[FA3C_FWD_BLOCK_M(D) * D * 2];
     alignas(1024) uint8_t k[STAGES][BLOCK_N * D * 2];
-    alignas(1024) uint8_t v[STAGES][BLOCK_N * FA3C_FWD_V_COLS(D) * 2];   // + the ones chunk (TC_ROWSUM)
+    alignas(1024) uint8_t v[STAGES][BLOCK_N * D * 2];
     uint64_t q_full, q_empty;
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
@@ -260,39 +258,13 @@ FA3C_DEVICE void load_q_fragments(uint32_t (*q_frag)[4], const uint8_t *q, int c
 
 // O(64 x D) += P(64 x BLOCK_N, registers) · V(stage); V is MN-major: a k-step
 // is 16 rows, chunks of CHUNK columns are BLOCK_N * ROW_BYTES apart (LBO).
-// With FA3C_FWD_TC_ROWSUM, N = D + 8 reaches into the chunk of ones after V
-// (fill_ones_chunks): O's registers D / 2 .. D / 2 + 3 get the row sums of P.
 template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
     typedef TileLayout<D> L;
     const uint64_t v_desc = smem_desc_swizzled(smem_addr(v), BLOCK_N * L::ROW_BYTES, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
     for (int kk = 0; kk < BLOCK_N / 16; kk++)
-        wgmma_rs<FA3C_FWD_PV_N(D), FP16>(o, p_frag[kk], smem_desc_advance(v_desc, kk * 16 * L::ROW_BYTES), 1);
-}
-
-// FA3C_FWD_TC_ROWSUM: the chunk after each V stage's D columns, all ones in
-// the input dtype, written once before the consumers start (the TMA loads
-// of V fill only the first D columns), and made visible to wgmma.
-template <int D, int BLOCK_N, int STAGES, int FP16>
-FA3C_DEVICE void fill_ones_chunks(FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    if (!FA3C_FWD_TC_ROWSUM(D)) return;
-    const uint32_t ones = FP16 ? 0x3C003C00u : 0x3F803F80u;   // 1.0 twice
-    for (int s = 0; s < STAGES; s++) {
-        uint32_t *chunk = (uint32_t *)(sm.v[s] + BLOCK_N * D * 2);
-        for (int i = threadIdx.x; i < BLOCK_N * 64 * 2 / 4; i += blockDim.x) chunk[i] = ones;
-    }
-    fence_proxy_async_smem();
-}
-
-// The row sums of P that P·V accumulated in O's extra columns
-// (FA3C_FWD_TC_ROWSUM), as SoftmaxState's per-thread partial sums: the
-// quad's first thread holds the row's sum, the others 0, so the epilogue's
-// quad sum gives it back.
-template <int D>
-FA3C_DEVICE void row_sums_from_output(const float *o, SoftmaxState &st, int quad) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) st.sum[r] = quad == 0 ? o[D / 2 + 2 * r] : 0.f;
+        wgmma_rs<D, FP16>(o, p_frag[kk], smem_desc_advance(v_desc, kk * 16 * L::ROW_BYTES), 1);
 }
 
 template <int N>
@@ -301,13 +273,12 @@ FA3C_DEVICE void fence_regs(float *x) {
     for (int i = 0; i < N; i++) reg_fence(x[i]);
 }
 
-// O *= rescale of its row (the online-softmax correction of the last step),
-// the row-sum columns of FA3C_FWD_TC_ROWSUM with it.
+// O *= rescale of its row (the online-softmax correction of the last step).
 template <int D>
 FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
     if (FA3C_FWD_ABLATE_SOFTMAX == 1) return;   // the ablation without softmax (fwd_tiles.h)
 #pragma unroll
-    for (int i = 0; i < FA3C_FWD_O_REGS(D); i++) o[i] *= rescale[(i / 2) % 2];
+    for (int i = 0; i < D / 2; i++) o[i] *= rescale[(i / 2) % 2];
 }
 
 // ptxas hoists a wgmma wait as early as it may. Left alone, it puts all of
@@ -317,20 +288,9 @@ FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
 // the softmax in front of it: ptxas keeps memory operations in order around
 // the wait. One thread stores, but the dependency holds for the whole
 // instruction stream. Per head dim (fwd_tiles.h, FA3C_FWD_SOFTMAX_UNDER_PV).
-// The value is the row sums, or, where the tensor cores sum the rows
-// (FA3C_FWD_TC_ROWSUM), an xor of the probabilities' bits (3-input LOP3s:
-// half the instructions of the sums).
-template <bool PIN, int BLOCK_N, int ROWSUM>
-FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, const float *probs, int tid) {
-    if (!PIN) return;
-    float value = st.sum[0] + st.sum[1];
-    if (ROWSUM) {
-        uint32_t bits = 0;
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 2; i++) bits ^= __float_as_uint(probs[i]);
-        value = __uint_as_float(bits);
-    }
-    if (tid == 0) st_shared_f32(anchor, value);
+template <bool PIN>
+FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
+    if (PIN && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
 }
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
@@ -610,14 +570,14 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
 
-    float o[FA3C_FWD_O_REGS(D)];   // with FA3C_FWD_TC_ROWSUM, 4 row-sum registers after O
+    float o[D / 2];
     uint32_t q_frag[Q_REGS ? D / 16 : 1][4];   // FA3C_FWD_Q_IN_REGS: this warp's Q rows
     float s[BLOCK_N / 2];
     uint32_t p_frag[BLOCK_N / 16][4];
     SoftmaxState st;
     softmax_init(st);
 #pragma unroll
-    for (int i = 0; i < FA3C_FWD_O_REGS(D); i++) o[i] = 0.f;
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float rescale[2];
 
     trace(consumer_index, ring, TR_TILE_START);
@@ -649,7 +609,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_S_READY);
     release(&sm.k_empty[cur]);
     prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-    softmax_step<BLOCK_N, !FA3C_FWD_TC_ROWSUM(D)>(s, st, p.score_log2, rescale);
+    softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     trace(consumer_index, ring, TR_SOFTMAX);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     trace(consumer_index, ring, TR_CONVERTED);
@@ -679,12 +639,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         trace(consumer_index, ring, TR_S_READY);
         release(&sm.k_empty[cur]);
         prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        softmax_step<BLOCK_N, !FA3C_FWD_TC_ROWSUM(D)>(s, st, p.score_log2, rescale);
-        pin_softmax<UNDER_PV, BLOCK_N, FA3C_FWD_TC_ROWSUM(D)>(&sm.softmax_anchor[consumer_index], st, s, tid);
+        softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+        pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 
         wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
-        fence_regs<FA3C_FWD_O_REGS(D)>(o);
+        fence_regs<D / 2>(o);
         trace(consumer_index, ring, TR_PV_DONE);
         release(&sm.v_empty[prev]);
         if (UNDER_PV) rescale_output<D>(o, rescale);   // to block j's max
@@ -706,11 +666,10 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_commit();
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
-    fence_regs<FA3C_FWD_O_REGS(D)>(o);
+    fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release(&sm.v_empty[last]);
 
-    if (FA3C_FWD_TC_ROWSUM(D)) row_sums_from_output<D>(o, st, quad);
     finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
@@ -800,7 +759,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         }
         fence_barrier_init();
     }
-    fill_ones_chunks<D, BLOCK_N, STAGES, FP16>(sm);
     __syncthreads();
 
     // Warpgroup-uniform role, as setmaxnreg requires.

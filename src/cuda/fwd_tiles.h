@@ -78,32 +78,6 @@
 #else
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
 #endif
-/* 1 (hdim 128): the softmax's row sums come from the tensor cores instead
- * of 62 adds per thread and key block: P·V runs with N = D + 8 against a V
- * tile with one more 64-column chunk of ones (written once per CTA; TMA
- * never touches it), so O's columns D..D+7 accumulate each row's sum of P,
- * rescaled with O. The phase trace (bench/RESULTS.md, run 47) found each
- * warpgroup's chain, mostly its softmax, longer than the tensor work, with
- * the tensor cores ~30% idle; this moves work from the first to the second.
- * Costs 4 registers, 8 more P·V columns (+3% tensor work) and a 16 KB chunk
- * per V stage (hdim 128 then uses 226 of its 227 KB). The softmax still
- * folds its probabilities into one stored value (an xor, half the
- * instructions of the sums) to stay pinned before the P·V wait
- * (fwd_sm90.cuh, pin_softmax). The sums are of P in 16 bits, the values
- * P·V multiplies (fp32 P before), so the LSE can differ by ~2^-9 of the sum
- * at most. Compiled and checked in the SASS (no spills, no C75xx, 888 loop
- * instructions instead of 913), not yet run on the GPU: the next device
- * session runs its step test (test_wgmma: wgmma_rs_pv_rowsum_64x136x64),
- * the forward tests with it, and measures it. 0: sums in the softmax. */
-#ifndef FA3C_FWD_TC_ROWSUM_128
-#define FA3C_FWD_TC_ROWSUM_128 0
-#endif
-#define FA3C_FWD_TC_ROWSUM(D) ((D) == 128 ? FA3C_FWD_TC_ROWSUM_128 : 0)
-/* Columns of a V stage in smem (the ones chunk, FA3C_FWD_TC_ROWSUM), of
- * P·V's N, and O accumulator registers per thread. */
-#define FA3C_FWD_V_COLS(D) ((D) + (FA3C_FWD_TC_ROWSUM(D) ? 64 : 0))
-#define FA3C_FWD_PV_N(D) ((D) + (FA3C_FWD_TC_ROWSUM(D) ? 8 : 0))
-#define FA3C_FWD_O_REGS(D) (FA3C_FWD_PV_N(D) / 2)
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
  * after a shuffle transpose; 0: always from registers. */

@@ -66,8 +66,7 @@ FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
 // `rescale` the factor by which the old output and sum must be multiplied.
 // A row that has seen only masked scores keeps max = -inf; its offset is
 // taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
-// SUM = 0: the row sums are left to the tensor cores (FA3C_FWD_TC_ROWSUM).
-template <int BLOCK_N, int SUM = 1>
+template <int BLOCK_N>
 FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
     if (FA3C_FWD_ABLATE_SOFTMAX == 1) {   // speed-of-light ablation: P = S (wrong outputs)
         rescale[0] = rescale[1] = 1.f;
@@ -89,7 +88,7 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         s[i] = FA3C_FWD_ABLATE_SOFTMAX == 2 ? x : ex2f(x);   // 2: ablation without the exponentials
     }
 #pragma unroll
-    for (int r = 0; r < (SUM ? 2 : 0); r++) {
+    for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
         gather_row<BLOCK_N>(s, r, v);
         st.sum[r] = st.sum[r] * rescale[r] + tree_sum<BLOCK_N / 4>(v);
