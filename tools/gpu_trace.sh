@@ -47,6 +47,7 @@ shape() {
   shape h128_c_8k 128 128 2 8192 16 trace --causal
   shape h64_nc_8k 64 128 2 8192 32
   shape h128_nc_2k 128 128 8 2048 16
+  shape h128_c_2k 128 128 8 2048 16 trace --causal
   shape h128_nc_512 128 128 32 512 16
   shape h64_c_512 64 128 32 512 32 trace --causal
   shape h256_nc_8k 256 80 2 8192 8
