@@ -233,40 +233,17 @@ FA3C_DEVICE void gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int consu
 }
 
 // The same S with Q from this warp's registers (FA3C_FWD_Q_IN_REGS): q_frag[kk]
-// holds the A fragment of k-step kk (load_q_fragments). N < BLOCK_N: only the
-// columns [COL0, COL0 + N) of S (keys COL0.. of the block; COL0 a multiple of
-// the 8-row swizzle atom), into s[0, N / 2).
-template <int D, int BLOCK_N, int FP16, int N = BLOCK_N, int COL0 = 0>
+// holds the A fragment of k-step kk (load_q_fragments).
+template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_qk_regs(float *s, uint32_t (*q_frag)[4], const uint8_t *k) {
     typedef TileLayout<D> L;
     enum { STEPS_PER_CHUNK = L::CHUNK / 16 };
-    static_assert(COL0 % 8 == 0 && COL0 + N <= BLOCK_N, "whole swizzle atoms of the K tile");
     const uint64_t k_desc = smem_desc_swizzled(smem_addr(k), 16, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t k_off =
-            (kk / STEPS_PER_CHUNK) * BLOCK_N * L::ROW_BYTES + COL0 * L::ROW_BYTES + (kk % STEPS_PER_CHUNK) * 32;
-        wgmma_rsk<N, FP16>(s, q_frag[kk], smem_desc_advance(k_desc, k_off), kk > 0);
+        uint32_t k_off = (kk / STEPS_PER_CHUNK) * BLOCK_N * L::ROW_BYTES + (kk % STEPS_PER_CHUNK) * 32;
+        wgmma_rsk<BLOCK_N, FP16>(s, q_frag[kk], smem_desc_advance(k_desc, k_off), kk > 0);
     }
-}
-
-// S = Q·Kᵀ of one key block, committed. SPLIT (FA3C_FWD_SPLIT_QK): as two
-// halves of BLOCK_N / 2 keys, left then right, in two commit groups if
-// GROUPS = 2. Every Q·Kᵀ of the kernel takes the same form: where the same
-// S registers were written both as one tile and as halves, ptxas serialized
-// every wgmma of the kernel (C7511).
-template <int D, int BLOCK_N, int FP16, int Q_REGS, int SPLIT, int GROUPS = 1>
-FA3C_DEVICE void issue_qk(float *s, uint32_t (*q_frag)[4], const uint8_t *q, const uint8_t *k, int consumer) {
-    if (SPLIT) {
-        gemm_qk_regs<D, BLOCK_N, FP16, BLOCK_N / 2, 0>(s, q_frag, k);
-        if (GROUPS == 2) wgmma_commit();
-        gemm_qk_regs<D, BLOCK_N, FP16, BLOCK_N / 2, BLOCK_N / 2>(s + BLOCK_N / 4, q_frag, k);
-    } else if (Q_REGS) {
-        gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, k);
-    } else {
-        gemm_qk<D, BLOCK_N, FP16>(s, q, k, consumer);
-    }
-    wgmma_commit();
 }
 
 // A consumer warp's Q rows (16 of its warpgroup's 64) as wgmma A fragments,
@@ -315,10 +292,6 @@ template <bool PIN>
 FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
     if (PIN && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
 }
-// The same for any value: what computes it stays in front of the next wait.
-FA3C_DEVICE void pin_value(float *anchor, float value, int tid) {
-    if (tid == 0) st_shared_f32(anchor, value);
-}
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
 FA3C_DEVICE void release(uint64_t *bar) {
@@ -363,16 +336,15 @@ FA3C_DEVICE void pass_turn(int consumer) {
     if (FA3C_FWD_PINGPONG) named_bar_arrive(BAR_TURN_WG0 + (consumer + 1) % CONSUMERS, 256);
 }
 
-// Scores in place (the fragment registers [I0, I1)): softcap and the mask,
-// where they apply.
-template <int BLOCK_N, int I0 = 0, int I1 = BLOCK_N / 2>
+// Scores in place: softcap and the mask, where they apply.
+template <int BLOCK_N>
 FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const FwdTile &t, int row0, int n,
                                 int quad) {
     if (p.softcap > 0.f) {
 #pragma unroll
-        for (int i = I0; i < I1; i++) s[i] = p.softcap * tanh_approx(s[i] * p.softcap_pre);
+        for (int i = 0; i < BLOCK_N / 2; i++) s[i] = p.softcap * tanh_approx(s[i] * p.softcap_pre);
     }
-    if (block_needs_mask(t, n)) apply_mask<BLOCK_N, I0, I1>(s, p, row0, n, quad);
+    if (block_needs_mask(t, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
 }
 
 // ---- epilogue ------------------------------------------------------------------
@@ -593,9 +565,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
                                int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2,
-        SPLIT_QK = Q_REGS && BLOCK_N % 16 == 0 && FA3C_FWD_SPLIT_QK,
-        EARLY_MAX = SPLIT_QK && (FA3C_FWD_SPLIT_QK == 2 || !SKIP_MASKED)
+        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
     };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
@@ -630,7 +600,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_TURN);
     wgmma_fence();
-    issue_qk<D, BLOCK_N, FP16, Q_REGS, SPLIT_QK>(s, q_frag, sm.q, sm.k[cur], consumer_index);
+    if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
+    else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
+    wgmma_commit();
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
@@ -647,47 +619,27 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         uint32_t prev_phase = phase_of(ring, STAGES);
         ring++;
         cur = stage_of(ring, STAGES);
-        if (FA3C_FWD_PAIRED_WAIT) {
-            mbar_wait_parity_both(&sm.k_full[cur], phase_of(ring, STAGES), &sm.v_full[prev], prev_phase);
-        } else {
-            mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-            mbar_wait_parity(&sm.v_full[prev], prev_phase);
-        }
+        mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
+        mbar_wait_parity(&sm.v_full[prev], prev_phase);
         trace(consumer_index, ring, TR_DATA);
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         trace(consumer_index, ring, TR_TURN);
         wgmma_fence();
-        issue_qk<D, BLOCK_N, FP16, Q_REGS, SPLIT_QK, EARLY_MAX ? 2 : 1>(s, q_frag, sm.q, sm.k[cur], consumer_index);
+        if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
+        else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
+        wgmma_commit();
         if (!UNDER_PV) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
         gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
 
-        float block_max[2];
-        if (EARLY_MAX) {   // the left half's row max runs under the right half's Q·Kᵀ
-            wgmma_wait<2>();
-            fence_regs<BLOCK_N / 4>(s);
-            prepare_scores<BLOCK_N, 0, BLOCK_N / 4>(s, p, w, row0, n, quad);
-            part_row_max<0, BLOCK_N / 4>(s, block_max);
-            pin_value(&sm.softmax_anchor[consumer_index], fmaxf(block_max[0], block_max[1]), tid);
-        }
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
-        if (EARLY_MAX) fence_regs<BLOCK_N / 4>(s + BLOCK_N / 4);
-        else fence_regs<BLOCK_N / 2>(s);
+        fence_regs<BLOCK_N / 2>(s);
         trace(consumer_index, ring, TR_S_READY);
         release(&sm.k_empty[cur]);
-        if (EARLY_MAX) {
-            prepare_scores<BLOCK_N, BLOCK_N / 4, BLOCK_N / 2>(s, p, w, row0, n, quad);
-            float right_max[2];
-            part_row_max<BLOCK_N / 4, BLOCK_N / 2>(s, right_max);
-#pragma unroll
-            for (int r = 0; r < 2; r++) block_max[r] = fmaxf(block_max[r], right_max[r]);
-            softmax_from_max<BLOCK_N>(s, st, p.score_log2, block_max, rescale);
-        } else {
-            prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-            softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-        }
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 

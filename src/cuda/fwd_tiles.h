@@ -78,21 +78,6 @@
 #else
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
 #endif
-/* 1: the top of the key loop tests K(j)'s and V(j-1)'s full barriers with
- * two try_waits issued back to back (ptx.cuh, mbar_wait_parity_both), so
- * their latencies overlap; 0: one wait after the other. The phase trace
- * (bench/RESULTS.md, run 47) put ~250 cycles per key block at the loop top
- * of hdim 128, on each warpgroup's own chain. */
-#ifndef FA3C_FWD_PAIRED_WAIT
-#define FA3C_FWD_PAIRED_WAIT 0
-#endif
-/* 1 (where Q·Kᵀ takes Q from registers: hdim 128): Q·Kᵀ(j) is issued as two
- * halves of BLOCK_N / 2 keys in two commit groups, and the left half's row
- * max (and mask) runs while the tensor cores compute the right half, taking
- * part of the max off the chain from Q·Kᵀ issue to P; 0: one group. */
-#ifndef FA3C_FWD_SPLIT_QK
-#define FA3C_FWD_SPLIT_QK 0
-#endif
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
  * after a shuffle transpose; 0: always from registers. */

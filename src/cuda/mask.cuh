@@ -55,16 +55,16 @@ FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int 
 }
 
 // Set masked scores of one accumulator tile (m64 x BLOCK_N, this thread's
-// registers, those in [I0, I1)) to -inf. Rows row0 and row0 + 8 belong to
-// this thread; column of register i is 8*(i/4) + 2*quad + (i%2).
-template <int BLOCK_N, int I0 = 0, int I1 = BLOCK_N / 2>
+// registers) to -inf. Rows row0 and row0 + 8 belong to this thread; column of
+// register i is 8*(i/4) + 2*quad + (i%2).
+template <int BLOCK_N>
 FA3C_DEVICE void apply_mask(float *s, const fa3c_fwd_kernel_params &p, int row0, int n, int quad) {
     int lo[2], hi[2];
     key_range(p, row0, lo[0], hi[0]);
     key_range(p, row0 + 8, lo[1], hi[1]);
     int col_base = n * BLOCK_N + 2 * quad;
 #pragma unroll
-    for (int i = I0; i < I1; i++) {
+    for (int i = 0; i < BLOCK_N / 2; i++) {
         int r = (i / 2) % 2;
         int col = col_base + 8 * (i / 4) + (i % 2);
         if (col < lo[r] || col > hi[r]) s[i] = -INFINITY;

@@ -86,24 +86,6 @@ FA3C_DEVICE void mbar_wait_parity(uint64_t *bar, uint32_t parity) {
                     blockIdx.y, blockIdx.z, threadIdx.x, bar, parity);
 }
 
-// Block until two phases complete. Both try_waits are issued before either
-// result is tested, so when both phases are already done (the steady state
-// of the key loop) their latencies overlap instead of adding up.
-FA3C_DEVICE void mbar_wait_parity_both(uint64_t *a, uint32_t parity_a, uint64_t *b, uint32_t parity_b) {
-    uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p, q;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 q, [%3], %4;\n"
-        " and.pred p, p, q;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done) : "r"(smem_addr(a)), "r"(parity_a), "r"(smem_addr(b)), "r"(parity_b) : "memory");
-    if (!done) {
-        mbar_wait_parity(a, parity_a);
-        mbar_wait_parity(b, parity_b);
-    }
-}
-
 // ---- TMA: bulk tensor copies (PTX ISA 9.7.9.25) -----------------------------
 
 // Hint the tensor map into the cache before the first copy uses it.

@@ -51,37 +51,23 @@ FA3C_DEVICE float tree_sum(float *v) {
 template <>
 __device__ __forceinline__ float tree_sum<1>(float *v) { return v[0]; }
 
-// Register i of the fragment is row (i / 2) % 2; the registers of row r in
-// [I0, I1) are i = I0 + 4k + 2r + e (I0 a multiple of 4).
-template <int I0, int I1>
+// Register i of the fragment is row (i / 2) % 2; the ROW_VALUES = BLOCK_N / 4
+// registers of row r are i = 4k + 2r + e.
+template <int BLOCK_N>
 FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
 #pragma unroll
-    for (int k = 0; k < (I1 - I0) / 4; k++) {
-        v[2 * k] = s[I0 + 4 * k + 2 * r];
-        v[2 * k + 1] = s[I0 + 4 * k + 2 * r + 1];
+    for (int k = 0; k < BLOCK_N / 8; k++) {
+        v[2 * k] = s[4 * k + 2 * r];
+        v[2 * k + 1] = s[4 * k + 2 * r + 1];
     }
 }
 
-// This thread's max of each row over the fragment registers [I0, I1): the
-// columns 8 * I0 / 4 .. 8 * I1 / 4 of the block (not yet reduced over the quad).
-template <int I0, int I1>
-FA3C_DEVICE void part_row_max(const float *s, float max[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float v[(I1 - I0) / 2];
-        gather_row<I0, I1>(s, r, v);
-        max[r] = tree_max<(I1 - I0) / 2>(v);
-    }
-}
-
-// Scores -> probabilities in place, given this thread's max of each row over
-// the block (part_row_max). Updates the running max, returns in `rescale`
-// the factor by which the old output and sum must be multiplied.
+// Scores -> probabilities in place. Updates the running max, returns in
+// `rescale` the factor by which the old output and sum must be multiplied.
 // A row that has seen only masked scores keeps max = -inf; its offset is
 // taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
 template <int BLOCK_N>
-FA3C_DEVICE void softmax_from_max(float *s, SoftmaxState &st, float score_log2, const float block_max[2],
-                                  float rescale[2]) {
+FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
     if (FA3C_FWD_ABLATE_SOFTMAX == 1) {   // speed-of-light ablation: P = S (wrong outputs)
         rescale[0] = rescale[1] = 1.f;
         return;
@@ -89,7 +75,9 @@ FA3C_DEVICE void softmax_from_max(float *s, SoftmaxState &st, float score_log2, 
     float offset[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float new_max = quad_max(fmaxf(st.max[r], block_max[r]));
+        float v[BLOCK_N / 4];
+        gather_row<BLOCK_N>(s, r, v);
+        float new_max = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
         offset[r] = new_max == -INFINITY ? 0.f : new_max * score_log2;
         rescale[r] = ex2f(st.max[r] * score_log2 - offset[r]);   // old max -inf -> 0
         st.max[r] = new_max;
@@ -102,17 +90,9 @@ FA3C_DEVICE void softmax_from_max(float *s, SoftmaxState &st, float score_log2, 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
-        gather_row<0, BLOCK_N / 2>(s, r, v);
+        gather_row<BLOCK_N>(s, r, v);
         st.sum[r] = st.sum[r] * rescale[r] + tree_sum<BLOCK_N / 4>(v);
     }
-}
-
-// The whole step: the block's row max, then the probabilities.
-template <int BLOCK_N>
-FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
-    float block_max[2] = {0.f, 0.f};
-    if (FA3C_FWD_ABLATE_SOFTMAX != 1) part_row_max<0, BLOCK_N / 2>(s, block_max);
-    softmax_from_max<BLOCK_N>(s, st, score_log2, block_max, rescale);
 }
 
 // Probabilities (f32 accumulator layout) -> wgmma A fragments of 16-bit
