@@ -71,21 +71,6 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
-// One step of the CTA's tile walk, as the producer hands it to the consumers
-// (publish_step / receive_step): the consumers then skip the scheduler's
-// arithmetic, ~150 dependent uniform-datapath instructions and constant
-// loads, 500-700 cycles at each tile start on their own chain (phase trace,
-// bench/RESULTS.md run 54), which the producer's thread has time for.
-template <int CONSUMERS>
-struct StepSlot {
-    int tile;                  // tile_of_step: a tile number, SKIP_STEP or NO_MORE_TILES
-    FwdTile t;                 // the tile (a stream-K piece: its key blocks only)
-    struct {
-        int n_end, u_begin, u_end;   // where each consumer warpgroup's warpgroup_part differs from t
-    } part[CONSUMERS];
-};
-enum { STEP_SLOTS = 2 };
-
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
     static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
@@ -96,8 +81,6 @@ struct FwdSmem {
     uint64_t k_full[STAGES], k_empty[STAGES];
     uint64_t v_full[STAGES], v_empty[STAGES];
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
-    uint64_t step_full[STEP_SLOTS], step_empty[STEP_SLOTS];
-    StepSlot<FA3C_FWD_CONSUMERS(D)> steps[STEP_SLOTS];
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
@@ -202,85 +185,17 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
     load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
-// Step `step` of the walk (its tile number, returned, and the tile) into its
-// slot, once the producer and the consumers have read the slot's previous
-// step (a fresh barrier passes parity 1 at once).
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE int publish_step(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int step) {
-    const int slot = step % STEP_SLOTS, tile = tile_of_step(p, step, KernelCta());
-    FwdTile t = {};
-    if (tile >= 0) {
-        t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
-        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
-    }
-    mbar_wait_parity(&sm.step_empty[slot], ((uint32_t)(step / STEP_SLOTS) & 1) ^ 1);
-    StepSlot<FA3C_FWD_CONSUMERS(D)> &s = sm.steps[slot];
-    s.tile = tile;
-    s.t = t;
-    for (int c = 0; c < FA3C_FWD_CONSUMERS(D); c++) {   // only where rows have a last key
-        if (tile < 0 || tile_is_empty(t) || p.window_right < 0) break;
-        const FwdTile w = warpgroup_part(p, t, c, BLOCK_N);
-        s.part[c].n_end = w.n_end;
-        s.part[c].u_begin = w.u_begin;
-        s.part[c].u_end = w.u_end;
-    }
-    mbar_arrive(&sm.step_full[slot]);   // release: the slot's stores come first
-    return tile;
-}
-
-// A value every thread of the warp holds alike, marked so for the compiler:
-// loaded from smem, it would count as divergent, and so would the ring
-// position and loop bounds computed from it (ptxas then moved every smem
-// descriptor of the key loop from ordinary to uniform registers, R2UR, per
-// key block).
-FA3C_DEVICE int uniform(int x) { return __shfl_sync(~0u, x, 0); }
-
-// The consumers' side: step `step` from its slot, and the slot back to the
-// producer (one arrival per warp, after the whole warp has read it).
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE int receive_step(FwdSmem<D, BLOCK_N, STAGES> &sm, int step, int consumer_index, bool parts, FwdTile &t,
-                             FwdTile &w) {
-    const int slot = step % STEP_SLOTS;
-    mbar_wait_parity(&sm.step_full[slot], (uint32_t)(step / STEP_SLOTS) & 1);
-    const StepSlot<FA3C_FWD_CONSUMERS(D)> &s = sm.steps[slot];
-    const int tile = uniform(s.tile);
-    t.batch = uniform(s.t.batch);
-    t.head = uniform(s.t.head);
-    t.head_kv = uniform(s.t.head_kv);
-    t.group = uniform(s.t.group);
-    t.split = uniform(s.t.split);
-    t.m0 = uniform(s.t.m0);
-    t.n_begin = uniform(s.t.n_begin);
-    t.n_end = uniform(s.t.n_end);
-    t.u_begin = uniform(s.t.u_begin);
-    t.u_end = uniform(s.t.u_end);
-    w = t;
-    if (parts) {
-        w.n_end = uniform(s.part[consumer_index].n_end);
-        w.u_begin = uniform(s.part[consumer_index].u_begin);
-        w.u_end = uniform(s.part[consumer_index].u_end);
-    }
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(&sm.step_empty[slot]);
-    return tile;
-}
-
 // One thread streams, for every tile of this CTA, Q once (when the previous
 // tile's consumers are done with it) and K, V per key block through the ring.
 // `ring` counts key blocks over all tiles: it fixes slot and parity.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     int ring = 0, q_uses = 0;
-    for (int step = 0;; step++) {
-        const int slot = step % STEP_SLOTS;
-        mbar_wait_parity(&sm.step_full[slot], (uint32_t)(step / STEP_SLOTS) & 1);
-        const int tile = sm.steps[slot].tile;
-        const FwdTile &t = sm.steps[slot].t;
-        if (tile == NO_MORE_TILES) break;
-        if (tile == SKIP_STEP || tile_is_empty(t)) {
-            mbar_arrive(&sm.step_empty[slot]);
-            continue;
-        }
+    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
+        if (tile == SKIP_STEP) continue;
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
+        if (tile_is_empty(t)) continue;
         const int tile_count = q_uses;   // tiles loaded before this one
         mbar_wait_parity(&sm.q_empty, q_phase_of(q_uses++) ^ 1);   // a fresh barrier passes parity 1 at once
         mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
@@ -289,15 +204,6 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
             produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
         }
-        mbar_arrive(&sm.step_empty[slot]);   // done with the slot
-    }
-}
-
-// The walk's steps into the slots, for the producer and the consumers; a
-// warp of its own, since the producer's 24 registers hold its own loop.
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void scheduler(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    for (int step = 0; publish_step<D, BLOCK_N, STAGES>(p, sm, step) != NO_MORE_TILES; step++) {
     }
 }
 
@@ -653,11 +559,10 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // parity. The warpgroups alternate turns across tiles too: each takes the
 // same number of turns per tile (one per key block, plus one). SKIP_MASKED:
 // the leading key blocks masked for all of this warpgroup's rows are skipped
-// (their turns taken empty), and its own unmasked range is used: w, its
-// warpgroup_part of t (w = t without SKIP_MASKED).
+// (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               const FwdTile &w, int consumer_index, int &ring, uint32_t q_phase, int step) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
@@ -683,6 +588,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     }
 
     // The blocks masked for all of this warpgroup's rows come first: skipped.
+    const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
     if (SKIP_MASKED)
         for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
 
@@ -804,11 +710,10 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
-    for (int step = 0;; step++) {
-        FwdTile t, w;   // the tile; this warpgroup's part of it (rows with a last key), else t
-        const int tile = receive_step(sm, step, consumer_index, p.window_right >= 0, t, w);
-        if (tile == NO_MORE_TILES) break;
+    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
+        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
         if (tile_is_empty(t)) {
@@ -822,11 +727,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, w, consumer_index, ring, q_phase_of(q_uses++),
-                                                           step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, t, consumer_index, ring, q_phase_of(q_uses++),
-                                                           step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
@@ -848,10 +751,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         mbar_init(&sm.q_full, 1);
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));   // one per consumer warp
         mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D));               // one per consumer warpgroup
-        for (int s = 0; s < STEP_SLOTS; s++) {
-            mbar_init(&sm.step_full[s], 1);
-            mbar_init(&sm.step_empty[s], 4 * FA3C_FWD_CONSUMERS(D) + 1);   // + the producer
-        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);
@@ -867,7 +766,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
     if (warpgroup == 0) {
         reg_dealloc<FA3C_FWD_PRODUCER_REGS(D)>();
         if (threadIdx.x == 0) producer<D, BLOCK_N, STAGES>(p, sm);
-        else if (threadIdx.x == 32) scheduler<D, BLOCK_N, STAGES>(p, sm);
     } else {
         reg_alloc<FA3C_FWD_CONSUMER_REGS(D)>();
         consumer<D, BLOCK_N, STAGES, FP16>(p, sm, warpgroup - 1);
