@@ -19,8 +19,8 @@ import statistics
 import struct
 import sys
 
-EV = dict(TILE_START=0, DATA=1, TURN=2, S_READY=3, SOFTMAX=4, PV_DONE=5, CONVERTED=6, LAST_DATA=8, LAST_TURN=9,
-          LAST_PV_DONE=10, TILE_END=11, K_SLOT_FREE=12, V_SLOT_FREE=13)
+EV = dict(TILE_START=0, DATA=1, TURN=2, S_READY=3, SOFTMAX=4, PV_DONE=5, CONVERTED=6, EPI_BEGIN=7, LAST_DATA=8,
+          LAST_TURN=9, LAST_PV_DONE=10, TILE_END=11, K_SLOT_FREE=12, V_SLOT_FREE=13, EPI_STAGE=14, EPI_STAGED=15)
 
 
 def load(path):
@@ -47,6 +47,10 @@ def main():
     steady = {k: [] for k in ("data wait", "turn wait", "issue->S", "softmax", "->PV done", "rescale+cvt", "period")}
     first = {k: [] for k in ("Q+K wait", "turn wait", "issue->S", "softmax+cvt")}
     last = {k: [] for k in ("V wait", "turn wait", "issue->PV", "epilogue", "->next turn")}
+    # The epilogue's parts (TMA-store epilogue): to its entry (stream-K check, O in the V ring: the ring's
+    # reads), to a free staging buffer (row sums, 1/sum, log; the previous store's read; a barrier), to O
+    # staged (stmatrix, proxy fence, a barrier), to the end (TMA store issue, LSE).
+    epi = {k: [] for k in ("->entry", "->stage free", "->staged", "->end")}
     rate = []
     for c in range(ctas):
         # Every consumer warpgroup that computed a block (one may idle on its first tiles).
@@ -87,13 +91,20 @@ def main():
                 last["turn wait"].append(g(EV["LAST_TURN"]) - g(EV["LAST_DATA"]))
                 last["issue->PV"].append(g(EV["LAST_PV_DONE"]) - g(EV["LAST_TURN"]))
                 last["epilogue"].append(g(EV["TILE_END"]) - g(EV["LAST_PV_DONE"]))
+                marks = [g(EV[e]) for e in ("LAST_PV_DONE", "EPI_BEGIN", "EPI_STAGE", "EPI_STAGED", "TILE_END")]
+                if all(marks):
+                    for k, x, y in zip(epi, marks, marks[1:]):
+                        epi[k].append(y - x)
                 nxt = stamp(c, r, b, EV["TURN"])   # the next tile's first block has this ring index
                 if nxt:
                     last["->next turn"].append(nxt - g(EV["TILE_END"]))
         if t0 is not None and t1 > t0 and nblocks:
             rate.append((c, nblocks, t1 - t0))
-    for title, table in (("steady key block (median cycles)", steady), ("first key block of a tile", first),
-                         ("end of a tile", last)):
+    tables = [("steady key block (median cycles)", steady), ("first key block of a tile", first),
+              ("end of a tile", last)]
+    if epi["->end"]:
+        tables.append(("epilogue (TMA store)", epi))
+    for title, table in tables:
         print(title + ":")
         print("  " + " ".join(f"{k:>12}" for k in table))
         print("  " + " ".join(f"{med(v):>12}" for v in table.values()) + f"   (n = {len(next(iter(table.values())))})")

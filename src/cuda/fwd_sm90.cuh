@@ -323,6 +323,19 @@ FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged) {
     }
 }
 
+// FA3C_FWD_LATE_O_FREE: that arrival is owed (O_FREE_OWED, or
+// O_FREE_OWED_AFTER_STORE where the stores must have read the ring first)
+// and paid once the next tile's first Q·Kᵀ is issued (or before the
+// warpgroup waits for a V: skipped blocks), so the thread that issued the
+// stores waits for their reads under that GEMM, not at the tile's end. The
+// producer needs it only before the next tile's first V, which P·V uses a
+// key block later. `owed` is uniform over the warpgroup.
+enum { O_FREE_NONE, O_FREE_OWED, O_FREE_OWED_AFTER_STORE };
+FA3C_DEVICE void pay_o_free(uint64_t *o_free, int &owed) {
+    if (owed != O_FREE_NONE) release_o_staging(o_free, owed == O_FREE_OWED_AFTER_STORE);
+    owed = O_FREE_NONE;
+}
+
 // Turn-taking between the consumer warpgroups: warpgroup c issues its GEMMs
 // when c - 1 has issued its own, so one's softmax runs under the others'
 // GEMMs (pingpong with 2, round robin with 3). Each barrier id joins the
@@ -425,10 +438,11 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
 // the store has read it.
 template <int D, int FP16>
 FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
-                                const float inv[2], uint8_t *stage, int consumer_index) {
+                                const float inv[2], uint8_t *stage, int consumer_index, int ring) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (tid == 0) tma_store_wait_read();   // the previous tile's store is done with the buffer
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
+    trace(consumer_index, ring, TR_EPI_STAGE);
     // Lane l addresses row l % 8 of matrix l / 8: matrices 0, 1 are rows 0-7
     // and 8-15 of 8-column chunk c, matrices 2, 3 the same rows of chunk c + 1.
     int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
@@ -442,6 +456,7 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
     }
     fence_proxy_async_smem();   // the stores above, before the TMA unit reads them
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
+    trace(consumer_index, ring, TR_EPI_STAGED);
     if (tid == 0) {
         int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
 #pragma unroll
@@ -453,14 +468,16 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
 // results (store_partial). Rows past the end are dropped. `stage`: where
-// this warpgroup stages O for store_tile_tma (NULL: nowhere).
+// this warpgroup stages O for store_tile_tma (NULL: nowhere). `ring`: for
+// the phase trace only (trace.cuh).
 // Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, uint8_t *stage, int consumer_index) {
+                          int quad, uint8_t *stage, int consumer_index, int ring) {
+    trace(consumer_index, ring, TR_EPI_BEGIN);
     float inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -474,7 +491,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         return;
     }
     if (stage && p.out_tma) {
-        store_tile_tma<D, FP16>(p, t, o, inv, stage, consumer_index);
+        store_tile_tma<D, FP16>(p, t, o, inv, stage, consumer_index, ring);
         write_lse(p, t, lse, rows, quad);
         return;
     }
@@ -515,7 +532,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                              float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
-                             int step) {
+                             int step, int &o_free_owed) {
     // A piece of a stream-K cut tile: the piece that finishes second writes
     // it. (One structured path for both: an early return for the other made
     // ptxas move hdim 256's key loop off the uniform datapath.)
@@ -526,15 +543,16 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
                                                                    BAR_EPILOGUE_WG0 + consumer_index);
     uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index);
+        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
     // where the epilogue stages (not for split-KV partials or register stores).
     const bool staged = writes && p.out_tma && p.num_splits == 1;
     if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
-    if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index);
-    release_o_staging(&sm.o_free, staged);
+    if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
+    if (FA3C_FWD_LATE_O_FREE) o_free_owed = staged ? O_FREE_OWED_AFTER_STORE : O_FREE_OWED;
+    else release_o_staging(&sm.o_free, staged);
 }
 
 // A key block this warpgroup does not compute, with the barrier protocol of
@@ -562,7 +580,7 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase, int step) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step, int &o_free_owed) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
@@ -589,6 +607,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 
     // The blocks masked for all of this warpgroup's rows come first: skipped.
     const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
+    if (SKIP_MASKED && FA3C_FWD_LATE_O_FREE && w.n_end < t.n_end)
+        pay_o_free(&sm.o_free, o_free_owed);   // skipping waits for the skipped blocks' V
     if (SKIP_MASKED)
         for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
 
@@ -604,6 +624,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pay_o_free(&sm.o_free, o_free_owed);   // under the first Q·Kᵀ (FA3C_FWD_LATE_O_FREE)
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
@@ -670,7 +691,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release(&sm.v_empty[last]);
 
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
+    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step, o_free_owed);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -680,7 +701,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // and releases of every ring slot and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
-                                    uint32_t q_phase) {
+                                    uint32_t q_phase, int &o_free_owed) {
+    pay_o_free(&sm.o_free, o_free_owed);   // it waits for every block's V
     mbar_wait_parity(&sm.q_full, q_phase);
     for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
     release(&sm.q_empty);
@@ -702,12 +724,13 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     softmax_init(st);
     // Not through the V ring: the producer may be filling it for the next tile.
     bool in_v = FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V;
-    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index, 0), consumer_index);
+    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index, 0), consumer_index,
+                     TR_NO_BLOCK);
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
-    int ring = 0, q_uses = 0;
+    int ring = 0, q_uses = 0, o_free_owed = O_FREE_NONE;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
@@ -720,18 +743,21 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
-            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
+            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++), o_free_owed);
         } else {
             // Only rows with a last key (causal, window) can have leading
             // blocks masked for a whole warpgroup. The skipping code is a
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
+                                                           o_free_owed);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
+                                                           o_free_owed);
         }
     }
+    pay_o_free(&sm.o_free, o_free_owed);
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }

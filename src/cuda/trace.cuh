@@ -27,6 +27,9 @@ enum TraceEvent {
     TR_LAST_DATA = 8,
     TR_LAST_TURN = 9,
     TR_LAST_PV_DONE = 10,
+    TR_EPI_BEGIN = 7,    // epilogue entered (after the stream-K check and, O in the V ring, the ring's reads)
+    TR_EPI_STAGE = 14,   // TMA-store epilogue: the staging buffer is free (previous store read it, barrier)
+    TR_EPI_STAGED = 15,  // TMA-store epilogue: O is in the staging buffer (stmatrix, fence, barrier)
     TR_TILE_END = 11,    // epilogue done
     // producer, per key block
     TR_K_SLOT_FREE = 12,   // k_empty passed, K load issued
@@ -38,6 +41,7 @@ enum TraceEvent {
 #define FA3C_TRACE_ROLES 5
 #define FA3C_TRACE_PRODUCER 4
 #define FA3C_TRACE_BLOCKS 4096
+enum { TR_NO_BLOCK = FA3C_TRACE_BLOCKS };   // a ring index trace() ignores (tiles with no key block)
 
 #if FA3C_FWD_TRACE
 __device__ unsigned long long fa3c_trace_stamps[FA3C_TRACE_CTAS * FA3C_TRACE_ROLES * FA3C_TRACE_BLOCKS * TR_EVENTS];
