@@ -323,18 +323,6 @@ FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged) {
     }
 }
 
-// FA3C_FWD_LATE_O_FREE: that arrival is owed (O_FREE_OWED, or
-// O_FREE_OWED_AFTER_STORE where the stores must have read the ring first)
-// and paid once the next tile's first Q·Kᵀ is issued (or before the
-// warpgroup waits for a V: skipped blocks), so the thread that issued the
-// stores waits for their reads under that GEMM, not at the tile's end. The
-// producer needs it only before the next tile's first V, which P·V uses a
-// key block later. `owed` is uniform over the warpgroup.
-enum { O_FREE_NONE, O_FREE_OWED, O_FREE_OWED_AFTER_STORE };
-FA3C_DEVICE void pay_o_free(uint64_t *o_free, int &owed) {
-    if (owed != O_FREE_NONE) release_o_staging(o_free, owed == O_FREE_OWED_AFTER_STORE);
-    owed = O_FREE_NONE;
-}
 
 // Turn-taking between the consumer warpgroups: warpgroup c issues its GEMMs
 // when c - 1 has issued its own, so one's softmax runs under the others'
@@ -532,7 +520,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                              float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
-                             int step, int &o_free_owed) {
+                             int step) {
     // A piece of a stream-K cut tile: the piece that finishes second writes
     // it. (One structured path for both: an early return for the other made
     // ptxas move hdim 256's key loop off the uniform datapath.)
@@ -551,8 +539,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
     const bool staged = writes && p.out_tma && p.num_splits == 1;
     if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
     if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
-    if (FA3C_FWD_LATE_O_FREE) o_free_owed = staged ? O_FREE_OWED_AFTER_STORE : O_FREE_OWED;
-    else release_o_staging(&sm.o_free, staged);
+    release_o_staging(&sm.o_free, staged);
 }
 
 // A key block this warpgroup does not compute, with the barrier protocol of
@@ -580,7 +567,7 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase, int step, int &o_free_owed) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
@@ -607,8 +594,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 
     // The blocks masked for all of this warpgroup's rows come first: skipped.
     const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
-    if (SKIP_MASKED && FA3C_FWD_LATE_O_FREE && w.n_end < t.n_end)
-        pay_o_free(&sm.o_free, o_free_owed);   // skipping waits for the skipped blocks' V
     if (SKIP_MASKED)
         for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
 
@@ -624,7 +609,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    pay_o_free(&sm.o_free, o_free_owed);   // under the first Q·Kᵀ (FA3C_FWD_LATE_O_FREE)
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
@@ -691,7 +675,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release(&sm.v_empty[last]);
 
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step, o_free_owed);
+    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -701,8 +685,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // and releases of every ring slot and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
-                                    uint32_t q_phase, int &o_free_owed) {
-    pay_o_free(&sm.o_free, o_free_owed);   // it waits for every block's V
+                                    uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
     for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
     release(&sm.q_empty);
@@ -730,7 +713,7 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
 
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
-    int ring = 0, q_uses = 0, o_free_owed = O_FREE_NONE;
+    int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
@@ -743,21 +726,18 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
-            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++), o_free_owed);
+            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
             // Only rows with a last key (causal, window) can have leading
             // blocks masked for a whole warpgroup. The skipping code is a
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
-                                                           o_free_owed);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
-                                                           o_free_owed);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
         }
     }
-    pay_o_free(&sm.o_free, o_free_owed);
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }

@@ -78,15 +78,6 @@
 #else
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
 #endif
-/* With O staged in the V ring: 1, a warpgroup's o_free arrival for a tile
- * (the producer's go-ahead to load the next tile's first V over the staged O)
- * is paid after the next tile's first Q·Kᵀ is issued, so the thread that
- * issued the O stores waits for their reads under that GEMM (fwd_sm90.cuh,
- * pay_o_free); 0, at the end of the epilogue. The phase trace (run 56) put
- * that wait at ~1500 of hdim 256's ~2800 epilogue cycles at seqlen 512. */
-#ifndef FA3C_FWD_LATE_O_FREE
-#define FA3C_FWD_LATE_O_FREE 0
-#endif
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
  * after a shuffle transpose; 0: always from registers. */
