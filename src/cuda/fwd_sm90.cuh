@@ -323,7 +323,6 @@ FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged) {
     }
 }
 
-
 // Turn-taking between the consumer warpgroups: warpgroup c issues its GEMMs
 // when c - 1 has issued its own, so one's softmax runs under the others'
 // GEMMs (pingpong with 2, round robin with 3). Each barrier id joins the

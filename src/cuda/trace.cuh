@@ -27,10 +27,11 @@ enum TraceEvent {
     TR_LAST_DATA = 8,
     TR_LAST_TURN = 9,
     TR_LAST_PV_DONE = 10,
-    TR_EPI_BEGIN = 7,    // epilogue entered (after the stream-K check and, O in the V ring, the ring's reads)
+    TR_TILE_END = 11,    // epilogue done
+    // consumer, inside the epilogue (same ring index as TR_TILE_END)
+    TR_EPI_BEGIN = 7,    // entered (after the stream-K check and, O in the V ring, the ring's reads)
     TR_EPI_STAGE = 14,   // TMA-store epilogue: the staging buffer is free (previous store read it, barrier)
     TR_EPI_STAGED = 15,  // TMA-store epilogue: O is in the staging buffer (stmatrix, fence, barrier)
-    TR_TILE_END = 11,    // epilogue done
     // producer, per key block
     TR_K_SLOT_FREE = 12,   // k_empty passed, K load issued
     TR_V_SLOT_FREE = 13,   // v_empty passed, V load issued
