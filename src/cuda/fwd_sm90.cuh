@@ -160,6 +160,16 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
                     t.group, t.batch);
 }
 
+// Tile number `tile` as the CTA's step `step` sees it: in the stream-K tail,
+// only this step's piece of its key blocks. Producer and consumers both
+// call it, so they walk the same key blocks.
+template <int D, int BLOCK_N>
+FA3C_DEVICE FwdTile tile_of_step_at(const fa3c_fwd_kernel_params &p, int tile, int step) {
+    FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+    if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);
+    return t;
+}
+
 // K of key block n into the slot of ring index r, once the slot is free.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
@@ -193,8 +203,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     int ring = 0, q_uses = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
-        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
+        FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
         if (tile_is_empty(t)) continue;
         const int tile_count = q_uses;   // tiles loaded before this one
         mbar_wait_parity(&sm.q_empty, q_phase_of(q_uses++) ^ 1);   // a fresh barrier passes parity 1 at once
@@ -717,8 +726,7 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
-        if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);   // stream-K tail
+        FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
         if (tile_is_empty(t)) {
