@@ -29,7 +29,7 @@ if [ "${GRID:-0}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
   echo "== grid bench rc=$?"
 fi
 if [ $# -gt 0 ]; then
-  TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout 300 bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
+  TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout "${TUNE_TIMEOUT:-300}" bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
   echo "== tune rc=$?"
 fi
 sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"

@@ -63,24 +63,40 @@ FA3C_DEVICE void gather_row(const float *s, int r, float *v) {
 }
 
 // Scores -> probabilities in place. Updates the running max, returns in
-// `rescale` the factor by which the old output and sum must be multiplied.
+// `rescale` the factor by which the old output and sum must be multiplied,
+// and whether it may differ from 1 (false: O need not be touched).
 // A row that has seen only masked scores keeps max = -inf; its offset is
 // taken as 0 so exp2(-inf - offset) = 0 instead of NaN.
+// FA3C_FWD_LAZY_RESCALE = T > 0: the warp's rows keep their max unless one
+// of them grew by more than 2^T (in exp2 units); probabilities may then
+// reach 2^T, which fp32 sums and 16-bit P hold without loss, and the
+// decision is warp-uniform, so the caller skips the O multiplies by branch.
 template <int BLOCK_N>
-FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
+FA3C_DEVICE bool softmax_step(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
     if (FA3C_FWD_ABLATE_SOFTMAX == 1) {   // speed-of-light ablation: P = S (wrong outputs)
         rescale[0] = rescale[1] = 1.f;
-        return;
+        return false;
     }
-    float offset[2];
+    float offset[2], new_max[2];
+    bool moves = true;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
         gather_row<BLOCK_N>(s, r, v);
-        float new_max = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
-        offset[r] = new_max == -INFINITY ? 0.f : new_max * score_log2;
-        rescale[r] = ex2f(st.max[r] * score_log2 - offset[r]);   // old max -inf -> 0
-        st.max[r] = new_max;
+        new_max[r] = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
+    }
+    if (FA3C_FWD_LAZY_RESCALE > 0) {
+        // From -inf to a finite max is +inf (moves); -inf to -inf is NaN (stays).
+        bool grew = (new_max[0] - st.max[0]) * score_log2 > (float)FA3C_FWD_LAZY_RESCALE ||
+                    (new_max[1] - st.max[1]) * score_log2 > (float)FA3C_FWD_LAZY_RESCALE;
+        moves = __any_sync(~0u, grew);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float m = moves ? new_max[r] : st.max[r];
+        offset[r] = m == -INFINITY ? 0.f : m * score_log2;
+        rescale[r] = moves ? ex2f(st.max[r] * score_log2 - offset[r]) : 1.f;   // old max -inf -> 0
+        st.max[r] = m;
     }
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; i++) {
@@ -93,15 +109,17 @@ FA3C_DEVICE void softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         gather_row<BLOCK_N>(s, r, v);
         st.sum[r] = st.sum[r] * rescale[r] + tree_sum<BLOCK_N / 4>(v);
     }
+    return moves;
 }
 
 // Probabilities (f32 accumulator layout) -> wgmma A fragments of 16-bit
 // pairs. The m64n16 slice of the accumulator has the register-A layout of
 // k16, so this is a pure conversion, no shuffles.
-template <int BLOCK_N, int FP16>
+// Only k-steps [K0, K1) of 16 keys where given.
+template <int BLOCK_N, int FP16, int K0 = 0, int K1 = BLOCK_N / 16>
 FA3C_DEVICE void probs_to_fragments(const float *s, uint32_t (*frag)[4]) {
 #pragma unroll
-    for (int k = 0; k < BLOCK_N / 16; k++)
+    for (int k = K0; k < K1; k++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
             frag[k][j] = FP16 ? pack_f16x2(s[8 * k + 2 * j], s[8 * k + 2 * j + 1])
