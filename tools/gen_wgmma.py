@@ -5,7 +5,7 @@ wgmma takes its N/2 f32 accumulators as separate asm operands, so each N needs
 its own asm string; writing them by hand invites typos. Run:
     python3 tools/gen_wgmma.py > src/cuda/wgmma.cuh
 """
-NS = (64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+NS = (64, 80, 96, 112, 128, 176, 192, 256)
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 def operands(n):

@@ -82,7 +82,6 @@ struct FwdSmem {
     uint64_t v_full[STAGES], v_empty[STAGES];
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
-    alignas(16) uint32_t fragment_anchor[4][4];   // the same for pin_fragments()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
@@ -268,13 +267,12 @@ FA3C_DEVICE void load_q_fragments(uint32_t (*q_frag)[4], const uint8_t *q, int c
 
 // O(64 x D) += P(64 x BLOCK_N, registers) · V(stage); V is MN-major: a k-step
 // is 16 rows, chunks of CHUNK columns are BLOCK_N * ROW_BYTES apart (LBO).
-// Key steps [K0, K1) of 16 keys only (default: all of them).
-template <int D, int BLOCK_N, int FP16, int K0 = 0, int K1 = BLOCK_N / 16>
+template <int D, int BLOCK_N, int FP16>
 FA3C_DEVICE void gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
     typedef TileLayout<D> L;
     const uint64_t v_desc = smem_desc_swizzled(smem_addr(v), BLOCK_N * L::ROW_BYTES, L::ATOM_BYTES, L::ROW_BYTES);
 #pragma unroll
-    for (int kk = K0; kk < K1; kk++)
+    for (int kk = 0; kk < BLOCK_N / 16; kk++)
         wgmma_rs<D, FP16>(o, p_frag[kk], smem_desc_advance(v_desc, kk * 16 * L::ROW_BYTES), 1);
 }
 
@@ -302,16 +300,6 @@ FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
 template <bool PIN>
 FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
     if (PIN && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
-}
-
-// The same for the P fragments of k-steps [0, K): one thread's shared
-// stores of them keep their conversion in front of the next wgmma wait.
-template <int K>
-FA3C_DEVICE void pin_fragments(uint32_t (*anchor)[4], uint32_t (*frag)[4], int tid) {
-    if (tid == 0) {
-#pragma unroll
-        for (int k = 0; k < K; k++) st_shared_v4(anchor[k % 4], frag[k]);
-    }
 }
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
@@ -567,14 +555,12 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
 // release of its ring slot after a wait on the slot's full barriers, so that
 // the release counts for this use of the slot.
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring, bool turn = true) {
+FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring) {
     int s = stage_of(ring, STAGES);
     uint32_t ph = phase_of(ring, STAGES);
     ring++;
-    if (turn) {
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    }
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     mbar_wait_parity(&sm.k_full[s], ph);
     release(&sm.k_empty[s]);
     mbar_wait_parity(&sm.v_full[s], ph);
@@ -592,8 +578,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
                                int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2,
-        PV_HALVES = FA3C_FWD_PV_HALVES && UNDER_PV && BLOCK_N % 32 == 0
+        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
     };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
@@ -626,13 +611,13 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     int cur = stage_of(ring, STAGES);
     mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
     trace(consumer_index, ring, TR_DATA);
-    if (FA3C_FWD_TURNS_AT_TILE_ENDS) wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_TURN);
     wgmma_fence();
     if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
     else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
     wgmma_commit();
-    if (FA3C_FWD_TURNS_AT_TILE_ENDS) pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
@@ -659,17 +644,11 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_commit();
         if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
         wgmma_fence();
-        if (PV_HALVES) {   // two groups: the first half's P registers free up first
-            gemm_pv<D, BLOCK_N, FP16, 0, BLOCK_N / 32>(o, p_frag, sm.v[prev]);
-            wgmma_commit();
-            gemm_pv<D, BLOCK_N, FP16, BLOCK_N / 32, BLOCK_N / 16>(o, p_frag, sm.v[prev]);
-        } else {
-            gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
-        }
+        gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         wgmma_commit();
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
 
-        wgmma_wait<PV_HALVES ? 2 : 1>();   // S(j) is ready; P·V(j-1) may still run
+        wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         trace(consumer_index, ring, TR_S_READY);
         release(&sm.k_empty[cur]);
@@ -678,17 +657,12 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 
-        if (PV_HALVES) {   // the first half of P·V(j-1) is done: convert into its registers
-            wgmma_wait<1>();
-            probs_to_fragments<BLOCK_N, FP16, 0, BLOCK_N / 32>(s, p_frag);
-            pin_fragments<BLOCK_N / 32>(sm.fragment_anchor, p_frag, tid);
-        }
         wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
         fence_regs<D / 2>(o);
         trace(consumer_index, ring, TR_PV_DONE);
         release(&sm.v_empty[prev]);
         if (UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // to block j's max
-        probs_to_fragments<BLOCK_N, FP16, PV_HALVES ? BLOCK_N / 32 : 0>(s, p_frag);
+        probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
         trace(consumer_index, ring, TR_CONVERTED);
     }
     if (!Q_REGS) release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
@@ -698,13 +672,13 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     trace(consumer_index, ring, TR_LAST_DATA);
-    if (FA3C_FWD_TURNS_AT_TILE_ENDS) wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_LAST_TURN);
     if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);
     wgmma_fence();
     gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
     wgmma_commit();
-    if (FA3C_FWD_TURNS_AT_TILE_ENDS) pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
@@ -722,13 +696,10 @@ template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
                                     uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
-    for (int n = t.n_end - 1; n >= t.n_begin; n--)
-        skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, FA3C_FWD_TURNS_AT_TILE_ENDS || n < t.n_end - 1);
+    for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
     release(&sm.q_empty);
-    if (FA3C_FWD_TURNS_AT_TILE_ENDS) {   // consumer_tile then takes one turn more than key blocks
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    }
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
 }
 

@@ -62,25 +62,11 @@
 #ifndef FA3C_FWD_PINGPONG
 #define FA3C_FWD_PINGPONG 1
 #endif
-/* 1: a tile's first Q·Kᵀ and last P·V take turns like the key loop's GEMMs
- * (each warpgroup takes key blocks + 1 turns per tile); 0: they are issued
- * outside the turns (key blocks - 1 turns per tile), as FA3 does, so that a
- * warpgroup's epilogue and next first block do not hold up the other's turns. */
-#ifndef FA3C_FWD_TURNS_AT_TILE_ENDS
-#define FA3C_FWD_TURNS_AT_TILE_ENDS 1
-#endif
 /* T > 0: lazy rescaling (softmax.cuh): a warp's rows keep their running max
  * until one grows by more than 2^T, and the O multiplies are skipped by a
  * warp-uniform branch while none does; 0: the max moves every block. */
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
-#endif
-/* 1: where the softmax runs under P·V (FA3C_FWD_SOFTMAX_UNDER_PV), the
- * loop's P·V(j-1) is committed as two groups of half the keys each, and the
- * first half of P(j) is converted into its registers as soon as the first
- * group is done, under the second; 0: one group, all of P(j) converted after it. */
-#ifndef FA3C_FWD_PV_HALVES
-#define FA3C_FWD_PV_HALVES 0
 #endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1

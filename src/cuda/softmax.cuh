@@ -115,11 +115,10 @@ FA3C_DEVICE bool softmax_step(float *s, SoftmaxState &st, float score_log2, floa
 // Probabilities (f32 accumulator layout) -> wgmma A fragments of 16-bit
 // pairs. The m64n16 slice of the accumulator has the register-A layout of
 // k16, so this is a pure conversion, no shuffles.
-// Only k-steps [K0, K1) of 16 keys where given.
-template <int BLOCK_N, int FP16, int K0 = 0, int K1 = BLOCK_N / 16>
+template <int BLOCK_N, int FP16>
 FA3C_DEVICE void probs_to_fragments(const float *s, uint32_t (*frag)[4]) {
 #pragma unroll
-    for (int k = K0; k < K1; k++)
+    for (int k = 0; k < BLOCK_N / 16; k++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
             frag[k][j] = FP16 ? pack_f16x2(s[8 * k + 2 * j], s[8 * k + 2 * j + 1])
