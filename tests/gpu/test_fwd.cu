@@ -16,6 +16,8 @@ typedef struct {
     float softcap;
     int packed_qkv;      // q, k, v interleaved in one (b, s, 3h, d) buffer (needs heads_q == heads_kv)
     float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
+    float key_ramp;      // > 0: key n scaled by 1 + key_ramp * (seqlen_k - 1 - n) / seqlen_k, so the
+                         // row max grows as the kernel walks the key blocks down (lazy rescaling)
     int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
     int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
 } fwd_case;
@@ -51,9 +53,9 @@ static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g "
-           "splits=%d\n",
+           "key_ramp=%g splits=%d\n",
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
-           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.num_splits);
+           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.num_splits);
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -97,6 +99,12 @@ static void run_case(const char *label, fwd_case c) {
         tu_strides_bshd(p.q.stride, B, SQ, HQ, D);
         tu_strides_bshd(p.k.stride, B, SK, HK, D);
         tu_strides_bshd(p.v.stride, B, SK, HK, D);
+    }
+    if (c.key_ramp > 0) {   // hk is (b, s, h, d): scale whole key rows
+        for (int64_t i = 0; i < nk; i++) {
+            int n = (int)((i / ((int64_t)HK * D)) % SK);
+            tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * (1.f + c.key_ramp * (float)(SK - 1 - n) / (float)SK));
+        }
     }
     if (c.outlier > 0) {   // a few large entries in q and k: large logits
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
@@ -354,6 +362,23 @@ TEST(fwd_large_logits) {
     fwd_case c = base_case(BF16, 1, 512, 512, 2, 128);
     c.outlier = 30.f;
     run_case("outliers", c);
+}
+// The kernel walks key blocks from the last to the first; with keys growing
+// towards the first, row maxima keep rising, by more than 2^8 (the running
+// max moves and O is rescaled) and by less (it stays, P exceeds 1): both
+// sides of lazy rescaling (FA3C_FWD_LAZY_RESCALE), for the rescale after the
+// P·V wait (hdim 128, 256) and under Q·Kᵀ (hdim 64).
+TEST(fwd_rising_row_max) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 1, 1000, 1000, 2, 128);
+    c.key_ramp = 12.f;
+    run_case("rising max hdim128", c);
+    c = causal_case(FP16, 1, 700, 700, 2, 64);
+    c.key_ramp = 12.f;
+    run_case("rising max hdim64 causal fp16", c);
+    c = base_case(BF16, 1, 300, 777, 2, 256);
+    c.key_ramp = 6.f;
+    run_case("rising max hdim256", c);
 }
 TEST(fwd_packed_qkv) {
     REQUIRE_SM90();
