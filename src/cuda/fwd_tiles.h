@@ -63,8 +63,11 @@
 #define FA3C_FWD_PINGPONG 1
 #endif
 /* T > 0: lazy rescaling (softmax.cuh): a warp's rows keep their running max
- * until one grows by more than 2^T, and the O multiplies are skipped by a
- * warp-uniform branch while none does; 0: the max moves every block. */
+ * until one grows by more than 2^T, and the O multiplies (and the row
+ * maxima's shuffles) are skipped by a warp-uniform branch while none does;
+ * 0: the max moves every block. Measured on the H200 (bench/RESULTS.md,
+ * runs 63 and 66): +0.5-3% on 17 of 18 quick shapes, most at hdim 128 and
+ * 256 from 2k, where the O multiplies sat after the P·V wait. */
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
 #endif

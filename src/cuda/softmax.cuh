@@ -83,13 +83,21 @@ FA3C_DEVICE bool softmax_step(float *s, SoftmaxState &st, float score_log2, floa
     for (int r = 0; r < 2; r++) {
         float v[BLOCK_N / 4];
         gather_row<BLOCK_N>(s, r, v);
-        new_max[r] = quad_max(fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v)));
+        new_max[r] = fmaxf(st.max[r], tree_max<BLOCK_N / 4>(v));   // this thread's part of the row
+        if (FA3C_FWD_LAZY_RESCALE == 0) new_max[r] = quad_max(new_max[r]);
     }
     if (FA3C_FWD_LAZY_RESCALE > 0) {
         // From -inf to a finite max is +inf (moves); -inf to -inf is NaN (stays).
         bool grew = (new_max[0] - st.max[0]) * score_log2 > (float)FA3C_FWD_LAZY_RESCALE ||
                     (new_max[1] - st.max[1]) * score_log2 > (float)FA3C_FWD_LAZY_RESCALE;
         moves = __any_sync(~0u, grew);
+        // The test saw each thread's own maxima (the warp moves if any
+        // thread's would), so the row maxima's shuffles run only on a move
+        // (hdim 64 +1-2%, run 66).
+        if (moves) {
+            new_max[0] = quad_max(new_max[0]);
+            new_max[1] = quad_max(new_max[1]);
+        }
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
