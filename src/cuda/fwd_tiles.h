@@ -17,9 +17,10 @@
  * at 8k (again in run 28: N 64 +6% only at causal 512, 2-6% slower from
  * 2k); N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
  * causal, and with the TMA-store epilogue (no smem left for it at N 176) it
- * lost at 2k and tied at 8k (run 19); N 192 for hdim 64 lost like N 176 did:
+ * lost at 2k and tied at 8k (run 19; and in run 62, with N 144-192: 1-5%
+ * slower up to 4k, within 1% at 8k-16k); N 192 for hdim 64 lost like N 176 did:
  * both kept at 128. 2 consumers (128 rows) for hdim 64: +6% causal at 512,
- * 1-13% slower elsewhere (run 19). */
+ * 1-13% slower elsewhere (run 19); in run 68 slower everywhere. */
 #ifndef FA3C_FWD_TILES_H
 #define FA3C_FWD_TILES_H
 
