@@ -7,6 +7,9 @@
 # (tools/gpu_tune.sh). Short tables last; logs under $OUT (the main ones as
 # files, the rest in session_logs.tar.gz: at most 8 files come back).
 #   bash tools/gpu_session.sh "variant spec" ...   (gpu_tune.sh syntax)
+# Environment: EXTRA_FLAGS (knobs for the tested build), SKIP_PY, DECODE=0,
+# GRID=1, TUNE_ROUNDS, TUNE_TIMEOUT (seconds for the A/B part, default 300),
+# and gpu_tune.sh's TUNE_INSTANCES / TUNE_BENCH_ARGS.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 export OUT
