@@ -72,6 +72,16 @@
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
 #endif
+/* 2: for hdim 128 and 256 (where the softmax runs under P·V; hdim 192
+ * spills), P lives in two register buffers, and P(j) is converted before
+ * the wait for P·V(j-1) instead of after it (fwd_sm90.cuh, key_loop_two_p);
+ * Q·Kᵀ then takes Q from smem (its 32 registers go to the second buffer).
+ * 1 (default): one P buffer. NOT YET RUN ON THE GPU (written after run 69;
+ * default SASS unchanged): EXTRA_FLAGS=-DFA3C_FWD_P_BUFFERS=2
+ * tools/gpu_session.sh "base:" "p2:-DFA3C_FWD_P_BUFFERS=2". */
+#ifndef FA3C_FWD_P_BUFFERS
+#define FA3C_FWD_P_BUFFERS 1
+#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif

@@ -199,6 +199,12 @@ FA3C_DEVICE void st_shared_f32(float *dst, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
 }
 
+FA3C_DEVICE void st_shared_v4(void *dst, const uint32_t v[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(dst)), "r"(v[0]), "r"(v[1]), "r"(v[2]),
+                 "r"(v[3])
+                 : "memory");
+}
+
 // Keep the compiler from moving accumulator accesses across fences/waits.
 FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
