@@ -213,8 +213,12 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
-            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            if (!FA3C_FWD_V_AFTER_NEXT_K) produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            else if (n < t.n_end - 1)   // V(j - 1) after K(j): the order the consumers use them in
+                produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, n + 1, n + 1 == t.n_end - 1, tile_count);
         }
+        if (FA3C_FWD_V_AFTER_NEXT_K)
+            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, t.n_begin, t.n_begin == t.n_end - 1, tile_count);
     }
 }
 

@@ -82,6 +82,13 @@
 #ifndef FA3C_FWD_P_BUFFERS
 #define FA3C_FWD_P_BUFFERS 1
 #endif
+/* 1: the producer loads V(j - 1) after K(j) (FA3's order: the consumers
+ * need K(j) and V(j - 1) for the same turn), so K loads are not held back
+ * behind V slots; 0 (default): K(j), then V(j). NOT YET RUN ON THE GPU
+ * (written after run 69; default SASS unchanged). */
+#ifndef FA3C_FWD_V_AFTER_NEXT_K
+#define FA3C_FWD_V_AFTER_NEXT_K 0
+#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
