@@ -590,7 +590,9 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // is mostly over: the conversion leaves the chain after that wait (with
 // lazy rescaling the O multiplies mostly do too). Two steps per trip, so
 // that the buffers have constant indices (a run-time index would put them
-// in local memory). `n`: the first block's key block on entry.
+// in local memory). `n`: the first block's key block on entry. The trace
+// stamps keep the single-buffer loop's order, so here TR_SOFTMAX follows the
+// conversion and TR_CONVERTED the rescale.
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void key_loop_two_p(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &w,
                                 const FwdTile &t, int consumer_index, int &ring, int n, int row0, int quad, float *s,
