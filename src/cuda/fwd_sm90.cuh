@@ -282,6 +282,24 @@ FA3C_DEVICE void gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
         wgmma_rs<D, FP16>(o, p_frag[kk], smem_desc_advance(v_desc, kk * 16 * L::ROW_BYTES), 1);
 }
 
+// S = Q·K(slot)ᵀ as one wgmma commit group, Q from this warp's registers
+// (q_frag, FA3C_FWD_Q_IN_REGS) or from smem.
+template <int D, int BLOCK_N, int FP16, bool Q_REGS>
+FA3C_DEVICE void issue_qk(float *s, uint32_t (*q_frag)[4], const uint8_t *q, const uint8_t *k, int consumer) {
+    wgmma_fence();
+    if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, k);
+    else gemm_qk<D, BLOCK_N, FP16>(s, q, k, consumer);
+    wgmma_commit();
+}
+
+// O += P·V(slot) as one wgmma commit group.
+template <int D, int BLOCK_N, int FP16>
+FA3C_DEVICE void issue_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *v) {
+    wgmma_fence();
+    gemm_pv<D, BLOCK_N, FP16>(o, p_frag, v);
+    wgmma_commit();
+}
+
 template <int N>
 FA3C_DEVICE void fence_regs(float *x) {
 #pragma unroll
@@ -612,12 +630,8 @@ FA3C_DEVICE void key_loop_two_p(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOC
         trace(consumer_index, ring, TR_DATA);
         wait_my_turn<CONSUMERS>(consumer_index);
         trace(consumer_index, ring, TR_TURN);
-        wgmma_fence();
-        gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
-        wgmma_commit();
-        wgmma_fence();
-        gemm_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[prev]);
-        wgmma_commit();
+        issue_qk<D, BLOCK_N, FP16, false>(s, nullptr, sm.q, sm.k[cur], consumer_index);
+        issue_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[prev]);
         pass_turn<CONSUMERS>(consumer_index);
 
         wgmma_wait<1>();   // S(j) is ready; P·V(j-1) may still run
@@ -646,9 +660,7 @@ FA3C_DEVICE void key_loop_two_p(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOC
         trace(consumer_index, ring, TR_LAST_DATA);
         wait_my_turn<CONSUMERS>(consumer_index);
         trace(consumer_index, ring, TR_LAST_TURN);
-        wgmma_fence();
-        gemm_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[last]);
-        wgmma_commit();
+        issue_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[last]);
         pass_turn<CONSUMERS>(consumer_index);
         wgmma_wait<0>();
         fence_regs<D / 2>(o);
@@ -717,10 +729,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_DATA);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_TURN);
-    wgmma_fence();
-    if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
-    else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
-    wgmma_commit();
+    issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
@@ -743,14 +752,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
             trace(consumer_index, ring, TR_DATA);
             wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
             trace(consumer_index, ring, TR_TURN);
-            wgmma_fence();
-            if (Q_REGS) gemm_qk_regs<D, BLOCK_N, FP16>(s, q_frag, sm.k[cur]);
-            else gemm_qk<D, BLOCK_N, FP16>(s, sm.q, sm.k[cur], consumer_index);
-            wgmma_commit();
+            issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
             if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
-            wgmma_fence();
-            gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
-            wgmma_commit();
+            issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
             pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
 
             wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
@@ -780,9 +784,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         trace(consumer_index, ring, TR_LAST_TURN);
         if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);
-        wgmma_fence();
-        gemm_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
-        wgmma_commit();
+        issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         wgmma_wait<0>();
         fence_regs<D / 2>(o);
