@@ -244,10 +244,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         k.softcap = pr->softcap;
         k.softcap_pre = pr->softmax_scale / pr->softcap;
         k.score_log2 = log2e;
-        k.lse_scale = 1.f;
     } else {
         k.score_log2 = pr->softmax_scale * log2e;
-        k.lse_scale = pr->softmax_scale;
     }
     if (k.num_splits == 1) {
         void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);

@@ -69,9 +69,8 @@ typedef struct fa3c_fwd_kernel_params {
     float *tail_partial;
     int *tail_sync;
     /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
-     * p = exp2(s * score_log2 - max), lse = max_s * lse_scale + ln(sum). */
+     * p = exp2(s * score_log2 - off), lse = (off + log2(sum)) * ln 2 (softmax.cuh). */
     float score_log2;
-    float lse_scale;
     float softcap;                     /* 0 = off */
     float softcap_pre;                 /* softmax_scale / softcap */
     int window_left, window_right;     /* -1 = unbounded; causal is right = 0 */

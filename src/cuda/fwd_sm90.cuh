@@ -18,7 +18,6 @@
 // blocks come first and the steady state runs unmasked. O leaves through
 // smem and TMA stores where the smem has room (store_tile_tma).
 #pragma once
-#include <type_traits>   // std::integral_constant (key_loop_two_p)
 #include "ptx.cuh"
 #include "wgmma.cuh"
 #include "fwd_params.h"
@@ -84,7 +83,6 @@ struct FwdSmem {
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
-    uint4 fragment_anchor[4][FA3C_FWD_P_BUFFERS == 2 ? 8 : 1];   // the same for pin_fragments()
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
@@ -213,12 +211,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         load_q_tile<D>(sm.q, p, &sm.q_full, t);
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
-            if (!FA3C_FWD_V_AFTER_NEXT_K) produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
-            else if (n < t.n_end - 1)   // V(j - 1) after K(j): the order the consumers use them in
-                produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, n + 1, n + 1 == t.n_end - 1, tile_count);
+            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
         }
-        if (FA3C_FWD_V_AFTER_NEXT_K)
-            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring - 1, t.n_begin, t.n_begin == t.n_end - 1, tile_count);
     }
 }
 
@@ -268,7 +262,42 @@ FA3C_DEVICE void load_q_fragments(uint32_t (*q_frag)[4], const uint8_t *q, int c
     int warp = (threadIdx.x % 128) / 32;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        load_a_fragment_sw128(q_frag[kk], q, FA3C_FWD_BLOCK_M(D), consumer * 64 + warp * 16, kk * 16);
+        load_a_fragment<128>(q_frag[kk], q, FA3C_FWD_BLOCK_M(D), consumer * 64 + warp * 16, kk * 16);
+}
+
+// S of this warp's 16 rows once more, with warp-level mma.sync, from Q (this
+// warp's registers, or the Q tile) and the K slot: the rare path of
+// softmax_step_stale (STEP_LOST, a probability overflowed). Per warp, so the
+// warpgroup need not agree on it; PV(j-1) may still be in flight.
+template <int D, int BLOCK_N, int FP16, bool Q_REGS>
+FA3C_DEVICE void recompute_scores_warp(float *s, uint32_t (*q_frag)[4], const uint8_t *q, const uint8_t *k,
+                                       int consumer) {
+    typedef TileLayout<D> L;
+    const int warp = (threadIdx.x % 128) / 32;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; i++) s[i] = 0.f;
+    if (Q_REGS) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int c = 0; c < BLOCK_N / 16; c++) {   // two n8 slices of S per ldmatrix
+                uint32_t b[4];
+                load_b_fragments_x2<L::ROW_BYTES>(b, k, BLOCK_N, 16 * c, kk * 16);
+                mma_m16n8k16<FP16>(&s[8 * c], q_frag[kk], b[0], b[1]);
+                mma_m16n8k16<FP16>(&s[8 * c + 4], q_frag[kk], b[2], b[3]);
+            }
+    } else {   // Q from smem, fragment by fragment: few registers live (hdim 64 has 160)
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 16; c++)
+#pragma unroll 1
+            for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t a[4], b[4];
+                load_a_fragment<L::ROW_BYTES>(a, q, FA3C_FWD_BLOCK_M(D), consumer * 64 + warp * 16, kk * 16);
+                load_b_fragments_x2<L::ROW_BYTES>(b, k, BLOCK_N, 16 * c, kk * 16);
+                mma_m16n8k16<FP16>(&s[8 * c], a, b[0], b[1]);
+                mma_m16n8k16<FP16>(&s[8 * c + 4], a, b[2], b[3]);
+            }
+    }
 }
 
 // O(64 x D) += P(64 x BLOCK_N, registers) · V(stage); V is MN-major: a k-step
@@ -324,17 +353,6 @@ FA3C_DEVICE void rescale_output(float *o, const float rescale[2]) {
 template <bool PIN>
 FA3C_DEVICE void pin_softmax(float *anchor, const SoftmaxState &st, int tid) {
     if (PIN && tid == 0) st_shared_f32(anchor, st.sum[0] + st.sum[1]);
-}
-
-// The same for P fragments (FA3C_FWD_P_BUFFERS = 2): one thread's shared
-// stores of all K k-steps' fragments keep their conversion in front of the
-// next wgmma wait. `anchor`: this warpgroup's (written, never read).
-template <int K>
-FA3C_DEVICE void pin_fragments(uint4 *anchor, uint32_t (*frag)[4], int tid) {
-    if (tid == 0) {
-#pragma unroll
-        for (int k = 0; k < K; k++) st_shared_v4(&anchor[k % 8], frag[k]);
-    }
 }
 
 // Release a smem slot: one arrival per consumer warp, after its wgmma wait.
@@ -514,7 +532,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(st.sum[r]);
         inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
-        lse[r] = sum > 0.f ? st.max[r] * p.lse_scale + lg2_approx(sum) * 0.69314718f : -INFINITY;
+        lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
     }
     const OutRow rows[2] = {out_row(p, t, row0), out_row(p, t, row0 + 8)};
     if (p.num_splits > 1) {
@@ -533,9 +551,9 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
                  rows[r].head * p.out_stride[2];
     if (p.out_vec16) {
 #pragma unroll
-        for (int g = 0; g < D / 32; g++)
+        for (int r = 0; r < 2; r++)   // row by row: one row's predicate live at a time
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
+            for (int g = 0; g < D / 32; g++) {
                 uint32_t v[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
@@ -602,85 +620,6 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
     release(&sm.v_empty[s]);
 }
 
-// FA3C_FWD_P_BUFFERS = 2 (Q from smem): the key loop and the last P·V of a
-// tile with P in two register buffers. P(j) is converted into the buffer
-// that P·V(j-1) does not read, before the wait for P·V(j-1), which by then
-// is mostly over: the conversion leaves the chain after that wait (with
-// lazy rescaling the O multiplies mostly do too). Two steps per trip, so
-// that the buffers have constant indices (a run-time index would put them
-// in local memory). `n`: the first block's key block on entry. The trace
-// stamps keep the single-buffer loop's order, so here TR_SOFTMAX follows the
-// conversion and TR_CONVERTED the rescale.
-template <int D, int BLOCK_N, int STAGES, int FP16>
-FA3C_DEVICE void key_loop_two_p(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &w,
-                                const FwdTile &t, int consumer_index, int &ring, int n, int row0, int quad, float *s,
-                                float *o, uint32_t (*p_frags)[BLOCK_N / 16][4], SoftmaxState &st, float *rescale,
-                                bool &rescale_o) {
-    enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
-    const int tid = threadIdx.x % 128;
-    // One key block: P·V(j-1) from buffer B, P(j) into buffer 1 - B.
-    auto step = [&](auto buffer) {
-        constexpr int B = decltype(buffer)::value;
-        int prev = stage_of(ring, STAGES);
-        uint32_t prev_phase = phase_of(ring, STAGES);
-        ring++;
-        int cur = stage_of(ring, STAGES);
-        mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-        mbar_wait_parity(&sm.v_full[prev], prev_phase);
-        trace(consumer_index, ring, TR_DATA);
-        wait_my_turn<CONSUMERS>(consumer_index);
-        trace(consumer_index, ring, TR_TURN);
-        issue_qk<D, BLOCK_N, FP16, false>(s, nullptr, sm.q, sm.k[cur], consumer_index);
-        issue_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[prev]);
-        pass_turn<CONSUMERS>(consumer_index);
-
-        wgmma_wait<1>();   // S(j) is ready; P·V(j-1) may still run
-        fence_regs<BLOCK_N / 2>(s);
-        trace(consumer_index, ring, TR_S_READY);
-        release(&sm.k_empty[cur]);
-        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-        probs_to_fragments<BLOCK_N, FP16>(s, p_frags[1 - B]);
-        pin_fragments<BLOCK_N / 16>(sm.fragment_anchor[consumer_index], p_frags[1 - B], tid);
-        trace(consumer_index, ring, TR_SOFTMAX);
-
-        wgmma_wait<0>();   // P·V(j-1) done
-        fence_regs<D / 2>(o);
-        trace(consumer_index, ring, TR_PV_DONE);
-        release(&sm.v_empty[prev]);
-        if (rescale_o) rescale_output<D>(o, rescale);   // to block j's max
-        trace(consumer_index, ring, TR_CONVERTED);
-    };
-    auto last_pv = [&](auto buffer) {
-        constexpr int B = decltype(buffer)::value;
-        release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
-        int last = stage_of(ring, STAGES);
-        mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
-        ring++;
-        trace(consumer_index, ring, TR_LAST_DATA);
-        wait_my_turn<CONSUMERS>(consumer_index);
-        trace(consumer_index, ring, TR_LAST_TURN);
-        issue_pv<D, BLOCK_N, FP16>(o, p_frags[B], sm.v[last]);
-        pass_turn<CONSUMERS>(consumer_index);
-        wgmma_wait<0>();
-        fence_regs<D / 2>(o);
-        trace(consumer_index, ring, TR_LAST_PV_DONE);
-        release(&sm.v_empty[last]);
-    };
-    for (n = n - 1;; n--) {
-        if (n < t.n_begin) {
-            last_pv(std::integral_constant<int, 0>());
-            break;
-        }
-        step(std::integral_constant<int, 0>());
-        if (--n < t.n_begin) {
-            last_pv(std::integral_constant<int, 1>());
-            break;
-        }
-        step(std::integral_constant<int, 1>());
-    }
-}
-
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
 // tiles of this CTA (ring slot and parity); `q_phase` this tile's Q barrier
 // parity. The warpgroups alternate turns across tiles too: each takes the
@@ -692,8 +631,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
                                int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
-        P_BUFS = FA3C_FWD_P_BUFFERS == 2 && UNDER_PV && D != 192 ? 2 : 1,   // hdim 192 spills with two
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2 && P_BUFS == 1
+        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
     };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
@@ -701,8 +639,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     float o[D / 2];
     uint32_t q_frag[Q_REGS ? D / 16 : 1][4];   // FA3C_FWD_Q_IN_REGS: this warp's Q rows
     float s[BLOCK_N / 2];
-    uint32_t p_frags[P_BUFS][BLOCK_N / 16][4];   // P of the last block(s), as wgmma A fragments
-    uint32_t (*p_frag)[4] = p_frags[0];
+    uint32_t p_frag[BLOCK_N / 16][4];   // P of the last block, as wgmma A fragments
     SoftmaxState st;
     softmax_init(st);
 #pragma unroll
@@ -741,60 +678,62 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     trace(consumer_index, ring, TR_CONVERTED);
 
-    if constexpr (P_BUFS == 1) {
-        for (n = n - 1; n >= t.n_begin; n--) {
-            int prev = stage_of(ring, STAGES);
-            uint32_t prev_phase = phase_of(ring, STAGES);
-            ring++;
-            cur = stage_of(ring, STAGES);
-            mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-            mbar_wait_parity(&sm.v_full[prev], prev_phase);
-            trace(consumer_index, ring, TR_DATA);
-            wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-            trace(consumer_index, ring, TR_TURN);
-            issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
-            if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
-            issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
-            pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-
-            wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
-            fence_regs<BLOCK_N / 2>(s);
-            trace(consumer_index, ring, TR_S_READY);
-            release(&sm.k_empty[cur]);
-            prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-            rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-            pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
-            trace(consumer_index, ring, TR_SOFTMAX);
-
-            wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
-            fence_regs<D / 2>(o);
-            trace(consumer_index, ring, TR_PV_DONE);
-            release(&sm.v_empty[prev]);
-            if (UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // to block j's max
-            probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
-            trace(consumer_index, ring, TR_CONVERTED);
-        }
-        if (!Q_REGS) release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
-
-        // Last P·V.
-        int last = stage_of(ring, STAGES);
-        mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
+    for (n = n - 1; n >= t.n_begin; n--) {
+        int prev = stage_of(ring, STAGES);
+        uint32_t prev_phase = phase_of(ring, STAGES);
         ring++;
-        trace(consumer_index, ring, TR_LAST_DATA);
+        cur = stage_of(ring, STAGES);
+        mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
+        mbar_wait_parity(&sm.v_full[prev], prev_phase);
+        trace(consumer_index, ring, TR_DATA);
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        trace(consumer_index, ring, TR_LAST_TURN);
-        if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);
-        issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
+        trace(consumer_index, ring, TR_TURN);
+        issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
+        if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // runs under Q·Kᵀ(j)
+        issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[prev]);
         pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        wgmma_wait<0>();
-        fence_regs<D / 2>(o);
-        trace(consumer_index, ring, TR_LAST_PV_DONE);
-        release(&sm.v_empty[last]);
-    } else {
-        key_loop_two_p<D, BLOCK_N, STAGES, FP16>(p, sm, w, t, consumer_index, ring, n, row0, quad, s, o, p_frags, st,
-                                                rescale, rescale_o);
-    }
 
+        wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
+        fence_regs<BLOCK_N / 2>(s);
+        trace(consumer_index, ring, TR_S_READY);
+        if (!FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        const int verdict = FA3C_FWD_STALE_MAX && st.ready ? softmax_step_stale<BLOCK_N>(s, st, p.score_log2, rescale)
+                                                           : STEP_NEEDS_MAX;
+        if (verdict == STEP_LOST) {   // rare: S again (K(j) is still in its slot), then with the row max
+            recompute_scores_warp<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
+            prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        }
+        if (verdict >= STEP_LOST) rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+        else rescale_o = verdict == STEP_SHIFTED;
+        if (FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);
+        pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
+        trace(consumer_index, ring, TR_SOFTMAX);
+
+        wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
+        fence_regs<D / 2>(o);
+        trace(consumer_index, ring, TR_PV_DONE);
+        release(&sm.v_empty[prev]);
+        if (UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // to block j's max
+        probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
+        trace(consumer_index, ring, TR_CONVERTED);
+    }
+    if (!Q_REGS) release(&sm.q_empty);   // every Q·Kᵀ of this tile has completed
+
+    // Last P·V.
+    int last = stage_of(ring, STAGES);
+    mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
+    ring++;
+    trace(consumer_index, ring, TR_LAST_DATA);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    trace(consumer_index, ring, TR_LAST_TURN);
+    if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);
+    issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
+    trace(consumer_index, ring, TR_LAST_PV_DONE);
+    release(&sm.v_empty[last]);
     finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }

@@ -72,22 +72,17 @@
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
 #endif
-/* 2: for hdim 128 and 256 (where the softmax runs under P·V; hdim 192
- * spills), P lives in two register buffers, and P(j) is converted before
- * the wait for P·V(j-1) instead of after it (fwd_sm90.cuh, key_loop_two_p);
- * Q·Kᵀ then takes Q from smem (its 32 registers go to the second buffer).
- * 1 (default): one P buffer. NOT YET RUN ON THE GPU (written after run 69;
- * default SASS unchanged): EXTRA_FLAGS=-DFA3C_FWD_P_BUFFERS=2
- * tools/gpu_session.sh "base:" "p2:-DFA3C_FWD_P_BUFFERS=2". */
-#ifndef FA3C_FWD_P_BUFFERS
-#define FA3C_FWD_P_BUFFERS 1
-#endif
-/* 1: the producer loads V(j - 1) after K(j) (FA3's order: the consumers
- * need K(j) and V(j - 1) for the same turn), so K loads are not held back
- * behind V slots; 0 (default): K(j), then V(j). NOT YET RUN ON THE GPU
- * (written after run 69; default SASS unchanged). */
-#ifndef FA3C_FWD_V_AFTER_NEXT_K
-#define FA3C_FWD_V_AFTER_NEXT_K 0
+/* 1: the key blocks after a warp's first (once its rows have a finite
+ * offset) skip the row max: their exponentials use the offsets the rows
+ * have, and the block's partial row sums, which bound every probability,
+ * show when one grew past 2^T (softmax.cuh, softmax_step_stale); rows then
+ * shift by a power of 2, or, where a probability overflowed, the warp
+ * computes its scores again (mma.sync) and takes the max after all.
+ * Needs T = FA3C_FWD_LAZY_RESCALE > 0. 0: the row max every block.
+ * Measured on the H200 (bench/RESULTS.md, run 71): hdim 64 +2-6%, hdim 128
+ * +2-4% from 2k (even at 512), hdim 256 even. */
+#ifndef FA3C_FWD_STALE_MAX
+#define FA3C_FWD_STALE_MAX 1
 #endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
@@ -192,6 +187,10 @@
  * run 43). 0 (default): the real kernel. */
 #ifndef FA3C_FWD_ABLATE_SOFTMAX
 #define FA3C_FWD_ABLATE_SOFTMAX 0
+#endif
+#if FA3C_FWD_ABLATE_SOFTMAX || FA3C_FWD_LAZY_RESCALE == 0
+#undef FA3C_FWD_STALE_MAX
+#define FA3C_FWD_STALE_MAX 0
 #endif
 
 /* 1: the kernel stamps the clock at each phase of every key block in its

@@ -158,20 +158,58 @@ FA3C_DEVICE void ldmatrix_x4(uint32_t r[4], const void *row_addr) {
 }
 
 // Address of 16-byte unit `unit` of row `row` in a 16-bit tile stored as
-// 64-column chunks of `chunk_rows` rows x 128 B with the 128-byte swizzle
-// (the TMA and wgmma layout): unit u is columns 8u..8u+7.
+// column chunks of `chunk_rows` rows x ROW_BYTES with the TMA/wgmma swizzle
+// of that row width: 128 B rows (64 columns, 128-byte swizzle: address bits
+// 7-9 into 4-6) or 64 B rows (32 columns, 64-byte swizzle: bits 7-8 into
+// 4-5). Unit u is columns 8u..8u+7. Tiles are 1024-byte aligned.
+template <int ROW_BYTES>
+FA3C_DEVICE uint8_t *swizzled_unit(uint8_t *tile, int chunk_rows, int row, int unit) {
+    static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "the 128- and 64-byte swizzles");
+    enum { UNITS = ROW_BYTES / 16 };
+    const int phase = ROW_BYTES == 128 ? row % 8 : (row / 2) % 4;
+    return tile + (unit / UNITS) * chunk_rows * ROW_BYTES + row * ROW_BYTES + (((unit % UNITS) ^ phase) * 16);
+}
 FA3C_DEVICE uint8_t *sw128_unit(uint8_t *tile, int chunk_rows, int row, int unit) {
-    return tile + (unit / 8) * chunk_rows * 128 + row * 128 + (((unit % 8) ^ (row % 8)) * 16);
+    return swizzled_unit<128>(tile, chunk_rows, row, unit);
 }
 
-// A warp's wgmma A fragment (rows row0..row0+15, columns k0..k0+15) of a
-// 16-bit tile stored as 64-column chunks of `chunk_rows` rows x 128 B with
-// the 128-byte swizzle (the TMA layout of Q): a[0] rows 0-7 / columns 0-7,
-// a[1] rows 8-15 / 0-7, a[2] rows 0-7 / 8-15, a[3] rows 8-15 / 8-15.
-FA3C_DEVICE void load_a_fragment_sw128(uint32_t a[4], const uint8_t *tile, int chunk_rows, int row0, int k0) {
+// A warp's A fragment (rows row0..row0+15, columns k0..k0+15) of such a
+// tile, for wgmma (register A) or mma.sync m16n8k16: a[0] rows 0-7 /
+// columns 0-7, a[1] rows 8-15 / 0-7, a[2] rows 0-7 / 8-15, a[3] rows 8-15 /
+// 8-15.
+template <int ROW_BYTES>
+FA3C_DEVICE void load_a_fragment(uint32_t a[4], const uint8_t *tile, int chunk_rows, int row0, int k0) {
     int lane = threadIdx.x % 32;
     int row = row0 + (lane % 8) + ((lane / 8) % 2) * 8;
-    ldmatrix_x4(a, sw128_unit((uint8_t *)tile, chunk_rows, row, k0 / 8 + lane / 16));
+    ldmatrix_x4(a, swizzled_unit<ROW_BYTES>((uint8_t *)tile, chunk_rows, row, k0 / 8 + lane / 16));
+}
+
+// B fragments of mma.sync m16n8k16 (".col": B stored as rows of N, K
+// contiguous, as K is for S = Q·Kᵀ) for two n8 tiles: rows n0..n0+15,
+// columns k0..k0+15 of such a tile. b[0], b[1]: rows n0..n0+7 (columns
+// k0..+7, k0+8..+15); b[2], b[3]: rows n0+8..n0+15.
+template <int ROW_BYTES>
+FA3C_DEVICE void load_b_fragments_x2(uint32_t b[4], const uint8_t *tile, int chunk_rows, int n0, int k0) {
+    int lane = threadIdx.x % 32;
+    int row = n0 + (lane % 8) + (lane / 16) * 8;
+    ldmatrix_x4(b, swizzled_unit<ROW_BYTES>((uint8_t *)tile, chunk_rows, row, k0 / 8 + (lane / 8) % 2));
+}
+
+// d(16 x 8, f32) += a(16 x 16) · b(16 x 8), 16-bit inputs (warp-level MMA;
+// the accumulator layout is that of one n8 slice of a wgmma m64 accumulator
+// for the warp's 16 rows).
+template <int FP16>
+FA3C_DEVICE void mma_m16n8k16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if (FP16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Order this thread's generic-proxy smem writes before later async-proxy
@@ -197,12 +235,6 @@ FA3C_DEVICE void wgmma_wait(void) {
 // A plain 32-bit shared store, as a volatile asm so it stays where it is.
 FA3C_DEVICE void st_shared_f32(float *dst, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
-}
-
-FA3C_DEVICE void st_shared_v4(void *dst, const uint32_t v[4]) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(dst)), "r"(v[0]), "r"(v[1]), "r"(v[2]),
-                 "r"(v[3])
-                 : "memory");
 }
 
 // Keep the compiler from moving accumulator accesses across fences/waits.

@@ -28,15 +28,15 @@ template <int D>
 FA3C_DEVICE void leave_piece(float4 *mine, const float *o, const SoftmaxState &st, int *ready) {
 #pragma unroll
     for (int i = 0; i < D / 8; i++) mine[i * 128] = make_float4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
-    mine[D / 8 * 128] = make_float4(st.max[0], st.max[1], st.sum[0], st.sum[1]);
+    mine[D / 8 * 128] = make_float4(st.off[0], st.off[1], st.sum[0], st.sum[1]);
     __threadfence();
     red_release_gpu_add(ready, 1);
 }
 
 // o, st += the other piece's state (this thread's part from `theirs_at`, as
 // leave_piece wrote it). Each piece's probabilities are relative to its own
-// maxima (softmax_step), so it is weighted by exp2((its max - max) *
-// score_log2). The two products are rounded apart and then added: IEEE
+// offsets (softmax.cuh), so it is weighted by exp2(its offset - the larger
+// offset). The two products are rounded apart and then added: IEEE
 // multiplication and addition commute exactly, so the result has the same
 // bits whichever piece is this one, i.e. whichever CTA finished first (a
 // fused a * x + b * y would not). With hdim 256, ptxas spills 32 bytes here,
@@ -46,17 +46,17 @@ FA3C_DEVICE float merge_value(float mine, float w_mine, float theirs, float w_th
 }
 
 template <int D>
-FA3C_DEVICE void merge_piece(const float4 *theirs_at, float *o, SoftmaxState &st, float score_log2) {
+FA3C_DEVICE void merge_piece(const float4 *theirs_at, float *o, SoftmaxState &st) {
     const float4 other = __ldcg(&theirs_at[D / 8 * 128]);
-    const float their_max[2] = {other.x, other.y}, their_sum[2] = {other.z, other.w};
+    const float their_off[2] = {other.x, other.y}, their_sum[2] = {other.z, other.w};
     float w_mine[2], w_theirs[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const float max = fmaxf(st.max[r], their_max[r]);
-        const float offset = max == -INFINITY ? 0.f : max * score_log2;
-        w_mine[r] = ex2f(fmaf(st.max[r], score_log2, -offset));   // -inf -> 0
-        w_theirs[r] = ex2f(fmaf(their_max[r], score_log2, -offset));
-        st.max[r] = max;
+        const float off = fmaxf(st.off[r], their_off[r]);
+        const float offset = off == -INFINITY ? 0.f : off;
+        w_mine[r] = ex2f(st.off[r] - offset);   // -inf -> 0
+        w_theirs[r] = ex2f(their_off[r] - offset);
+        st.off[r] = off;
         st.sum[r] = merge_value(st.sum[r], w_mine[r], their_sum[r], w_theirs[r]);
     }
 #pragma unroll
@@ -92,6 +92,6 @@ FA3C_DEVICE bool meet_other_piece(const fa3c_fwd_kernel_params &p, TailCut cut, 
         return false;
     }
     wait_counter_at_least(ready, 128);
-    merge_piece<D>(slot, o, st, p.score_log2);
+    merge_piece<D>(slot, o, st);
     return true;
 }

@@ -18,6 +18,7 @@ typedef struct {
     float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
     float key_ramp;      // > 0: key n scaled by 1 + key_ramp * (seqlen_k - 1 - n) / seqlen_k, so the
                          // row max grows as the kernel walks the key blocks down (lazy rescaling)
+    float sink_scale;    // > 0: key 0 (the last one the kernel walks) scaled by this: scores jump late
     int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
     int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
 } fwd_case;
@@ -53,9 +54,9 @@ static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g "
-           "key_ramp=%g splits=%d\n",
+           "key_ramp=%g sink=%g splits=%d\n",
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
-           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.num_splits);
+           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.num_splits);
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -105,6 +106,10 @@ static void run_case(const char *label, fwd_case c) {
             int n = (int)((i / ((int64_t)HK * D)) % SK);
             tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * (1.f + c.key_ramp * (float)(SK - 1 - n) / (float)SK));
         }
+    }
+    if (c.sink_scale > 0) {   // key 0 of every (batch, head)
+        for (int64_t i = 0; i < nk; i++)
+            if ((i / ((int64_t)HK * D)) % SK == 0) tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * c.sink_scale);
     }
     if (c.outlier > 0) {   // a few large entries in q and k: large logits
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
@@ -379,6 +384,27 @@ TEST(fwd_rising_row_max) {
     c = base_case(BF16, 1, 300, 777, 2, 256);
     c.key_ramp = 6.f;
     run_case("rising max hdim256", c);
+}
+// A key that the walk reaches last (key 0, as attention sinks are) with
+// scores far above the rest: by up to ~2^100 in exp2 units with scale 20,
+// where rows move their offset by a power of 2 (FA3C_FWD_STALE_MAX:
+// STEP_SHIFTED), and past 2^128 with scale 300, where a probability
+// overflows and the warp computes its scores again (STEP_LOST, mma.sync)
+// - for every head dim (Q in registers or smem; 128- and 64-byte swizzles;
+// key blocks of 128, 112 and 80).
+TEST(fwd_late_score_jump) {
+    REQUIRE_SM90();
+    const int dims[] = {64, 96, 128, 192, 256};
+    for (int i = 0; i < 5; i++) {
+        for (int big = 0; big < 2; big++) {
+            fwd_case c = base_case(i == 1 ? FP16 : BF16, 1, 300, 1000, 2, dims[i]);
+            c.sink_scale = big ? 300.f : 20.f;
+            run_case(big ? "overflowing jump" : "large jump", c);
+        }
+    }
+    fwd_case c = causal_case(FP16, 1, 700, 700, 2, 128);
+    c.sink_scale = 300.f;
+    run_case("overflowing jump causal fp16", c);
 }
 TEST(fwd_packed_qkv) {
     REQUIRE_SM90();

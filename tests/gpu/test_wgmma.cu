@@ -50,7 +50,7 @@ __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
     stage_ab_sw128(sa, sb, a, b);
     int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
     uint32_t frag[8][4];
-    for (int kk = 0; kk < 8; kk++) load_a_fragment_sw128(frag[kk], sa, 64, 16 * w, 16 * kk);
+    for (int kk = 0; kk < 8; kk++) load_a_fragment<128>(frag[kk], sa, 64, 16 * w, 16 * kk);
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 0.f;
     wgmma_fence();
@@ -60,6 +60,34 @@ __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
     }
     wgmma_commit();
     wgmma_wait<0>();
+    for (int i = 0; i < 32; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+        out[row * 64 + col] = d[i];
+    }
+}
+
+// The same S with warp-level mma.sync m16n8k16, A and B both by ldmatrix
+// from the swizzled tiles (load_a_fragment, load_b_fragments_x2): the
+// forward kernel's rare recompute of S (recompute_scores_warp). Its
+// accumulator layout must be the wgmma one.
+__global__ void mma_sync_qkt_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    stage_ab_sw128(sa, sb, a, b);
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 0.f;
+    for (int kk = 0; kk < 8; kk++) {
+        uint32_t frag[4];
+        load_a_fragment<128>(frag, sa, 64, 16 * w, 16 * kk);
+        for (int c = 0; c < 4; c++) {
+            uint32_t bf[4];
+            load_b_fragments_x2<128>(bf, sb, 64, 16 * c, 16 * kk);
+            mma_m16n8k16<0>(&d[8 * c], frag, bf[0], bf[1]);
+            mma_m16n8k16<0>(&d[8 * c + 4], frag, bf[2], bf[3]);
+        }
+    }
     for (int i = 0; i < 32; i++) {
         int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
         out[row * 64 + col] = d[i];
@@ -150,6 +178,11 @@ TEST(wgmma_ss_qkt_64x64x128) {
 TEST(wgmma_rsk_qkt_ldmatrix_64x64x128) {
     REQUIRE_SM90();
     check_qkt(wgmma_rsk_kernel, "rsk (A by ldmatrix)", 4321);
+}
+
+TEST(mma_sync_qkt_ldmatrix_64x64x128) {
+    REQUIRE_SM90();
+    check_qkt(mma_sync_qkt_kernel, "mma.sync (A and B by ldmatrix)", 5678);
 }
 
 TEST(wgmma_rs_pv_64x128x64) {
