@@ -620,6 +620,26 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
     release(&sm.v_empty[s]);
 }
 
+// softmax(j) in place on S(j), whose softcap and mask the caller applied
+// (prepare_scores): against the
+// offsets the warp's rows have (softmax_step_stale) where it has them, else,
+// or where a probability overflowed (S is computed again from the K slot,
+// which the caller still holds), against the row max. Returns whether O must
+// be multiplied by `rescale`.
+template <int D, int BLOCK_N, int FP16, bool Q_REGS>
+FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], const fa3c_fwd_kernel_params &p,
+                                  const FwdTile &w, int row0, int n, int quad, uint32_t (*q_frag)[4],
+                                  const uint8_t *q, const uint8_t *k, int consumer_index) {
+    const int verdict = FA3C_FWD_STALE_MAX && st.ready ? softmax_step_stale<BLOCK_N>(s, st, p.score_log2, rescale)
+                                                       : STEP_NEEDS_MAX;
+    if (verdict == STEP_LOST) {   // rare: S again, then with the row max
+        recompute_scores_warp<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, q, k, consumer_index);
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+    }
+    if (verdict >= STEP_LOST) return softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+    return verdict == STEP_SHIFTED;
+}
+
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
 // tiles of this CTA (ring slot and parity); `q_phase` this tile's Q barrier
 // parity. The warpgroups alternate turns across tiles too: each takes the
@@ -671,9 +691,17 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
-    release(&sm.k_empty[cur]);
-    prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-    rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+    if (!FA3C_FWD_SEED_OFFSETS) {
+        release(&sm.k_empty[cur]);
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
+    } else {   // offsets from a sample of the scores, then as the later blocks
+        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        seed_offsets<BLOCK_N>(s, st, p.score_log2);
+        rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
+                                                               sm.k[cur], consumer_index);
+        release(&sm.k_empty[cur]);
+    }
     trace(consumer_index, ring, TR_SOFTMAX);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     trace(consumer_index, ring, TR_CONVERTED);
@@ -698,15 +726,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         trace(consumer_index, ring, TR_S_READY);
         if (!FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);
         prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        const int verdict = FA3C_FWD_STALE_MAX && st.ready ? softmax_step_stale<BLOCK_N>(s, st, p.score_log2, rescale)
-                                                           : STEP_NEEDS_MAX;
-        if (verdict == STEP_LOST) {   // rare: S again (K(j) is still in its slot), then with the row max
-            recompute_scores_warp<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
-            prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        }
-        if (verdict >= STEP_LOST) rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-        else rescale_o = verdict == STEP_SHIFTED;
-        if (FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);
+        rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
+                                                               sm.k[cur], consumer_index);
+        if (FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);   // after a possible recompute of S
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 

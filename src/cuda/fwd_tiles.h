@@ -84,6 +84,12 @@
 #ifndef FA3C_FWD_STALE_MAX
 #define FA3C_FWD_STALE_MAX 1
 #endif
+/* 1 (with FA3C_FWD_STALE_MAX): a tile's first block takes its offsets
+ * from a sample of 16 scores per row (softmax.cuh, seed_offsets) and then
+ * the stale step, instead of the full row max; 0: the row max. */
+#ifndef FA3C_FWD_SEED_OFFSETS
+#define FA3C_FWD_SEED_OFFSETS 0
+#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
@@ -191,6 +197,10 @@
 #if FA3C_FWD_ABLATE_SOFTMAX || FA3C_FWD_LAZY_RESCALE == 0
 #undef FA3C_FWD_STALE_MAX
 #define FA3C_FWD_STALE_MAX 0
+#endif
+#if !FA3C_FWD_STALE_MAX
+#undef FA3C_FWD_SEED_OFFSETS
+#define FA3C_FWD_SEED_OFFSETS 0
 #endif
 
 /* 1: the kernel stamps the clock at each phase of every key block in its

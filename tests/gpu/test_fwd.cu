@@ -18,7 +18,8 @@ typedef struct {
     float outlier;       // > 0: scale 0.1% of q and k entries by this (large logits)
     float key_ramp;      // > 0: key n scaled by 1 + key_ramp * (seqlen_k - 1 - n) / seqlen_k, so the
                          // row max grows as the kernel walks the key blocks down (lazy rescaling)
-    float sink_scale;    // > 0: key 0 (the last one the kernel walks) scaled by this: scores jump late
+    float sink_scale;    // > 0: key sink_key scaled by this (key 0, the last one the kernel walks: scores
+    int sink_key;        // jump late; the last key: the first walked block holds a score far above the rest)
     int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
     int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
 } fwd_case;
@@ -54,9 +55,9 @@ static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g "
-           "key_ramp=%g sink=%g splits=%d\n",
+           "key_ramp=%g sink=%g@%d splits=%d\n",
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
-           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.num_splits);
+           c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.sink_key, c.num_splits);
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -107,9 +108,10 @@ static void run_case(const char *label, fwd_case c) {
             tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * (1.f + c.key_ramp * (float)(SK - 1 - n) / (float)SK));
         }
     }
-    if (c.sink_scale > 0) {   // key 0 of every (batch, head)
+    if (c.sink_scale > 0) {   // key sink_key of every (batch, head)
         for (int64_t i = 0; i < nk; i++)
-            if ((i / ((int64_t)HK * D)) % SK == 0) tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * c.sink_scale);
+            if ((i / ((int64_t)HK * D)) % SK == c.sink_key)
+                tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * c.sink_scale);
     }
     if (c.outlier > 0) {   // a few large entries in q and k: large logits
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
@@ -405,6 +407,16 @@ TEST(fwd_late_score_jump) {
     fwd_case c = causal_case(FP16, 1, 700, 700, 2, 128);
     c.sink_scale = 300.f;
     run_case("overflowing jump causal fp16", c);
+    // The big key in the first block walked (FA3C_FWD_SEED_OFFSETS: above the
+    // sampled columns 0-15 of that block).
+    for (int i = 0; i < 2; i++) {
+        c = base_case(BF16, 1, 300, 1000, 2, i ? 64 : 128);
+        c.sink_key = 999;
+        c.sink_scale = 300.f;
+        run_case("overflowing score in the first block", c);
+        c.sink_scale = 20.f;
+        run_case("large score in the first block", c);
+    }
 }
 TEST(fwd_packed_qkv) {
     REQUIRE_SM90();
