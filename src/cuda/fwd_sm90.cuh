@@ -691,17 +691,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
-    if (!FA3C_FWD_SEED_OFFSETS) {
-        release(&sm.k_empty[cur]);
-        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
-    } else {   // offsets from a sample of the scores, then as the later blocks
-        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        seed_offsets<BLOCK_N>(s, st, p.score_log2);
-        rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
-                                                               sm.k[cur], consumer_index);
-        release(&sm.k_empty[cur]);
-    }
+    release(&sm.k_empty[cur]);
+    prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+    rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);   // the rows' first offsets
     trace(consumer_index, ring, TR_SOFTMAX);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
     trace(consumer_index, ring, TR_CONVERTED);

@@ -84,12 +84,6 @@
 #ifndef FA3C_FWD_STALE_MAX
 #define FA3C_FWD_STALE_MAX 1
 #endif
-/* 1 (with FA3C_FWD_STALE_MAX): a tile's first block takes its offsets
- * from a sample of 16 scores per row (softmax.cuh, seed_offsets) and then
- * the stale step, instead of the full row max; 0: the row max. */
-#ifndef FA3C_FWD_SEED_OFFSETS
-#define FA3C_FWD_SEED_OFFSETS 0
-#endif
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
@@ -99,12 +93,14 @@
  * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
  * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
  * (bench/RESULTS.md, run 21): hdim 192 +1-2% and hdim 256 +1-5% from 2k;
- * hdim 128 even then, and +0-4% once Q·Kᵀ took Q from registers (run 40);
- * hdim 64 1-2% slower. A -D value applies to every head dim. */
+ * hdim 128 even then, and +0-4% once Q·Kᵀ took Q from registers (run 40),
+ * but 0.6-2.7% slower on 18 of 20 shapes once the stale row max had
+ * shortened the softmax (run 72; hdim 256 even); hdim 64 1-2% slower (and
+ * 0.5-1% again in run 72). A -D value applies to every head dim. */
 #ifdef FA3C_FWD_SOFTMAX_UNDER_PV
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) FA3C_FWD_SOFTMAX_UNDER_PV
 #else
-#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) >= 128)
+#define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) ((D) > 128)
 #endif
 /* 1: where D is a multiple of 64, the epilogue stages O in smem (stmatrix)
  * and writes it with TMA stores, instead of 16-byte stores from registers
@@ -198,10 +194,7 @@
 #undef FA3C_FWD_STALE_MAX
 #define FA3C_FWD_STALE_MAX 0
 #endif
-#if !FA3C_FWD_STALE_MAX
-#undef FA3C_FWD_SEED_OFFSETS
-#define FA3C_FWD_SEED_OFFSETS 0
-#endif
+
 
 /* 1: the kernel stamps the clock at each phase of every key block in its
  * first CTAs, and the launcher writes the stamps to $FA3C_TRACE_OUT

@@ -130,26 +130,6 @@ FA3C_DEVICE bool softmax_step(float *s, SoftmaxState &st, float score_log2, floa
     return moves;
 }
 
-// A tile's first block (FA3C_FWD_SEED_OFFSETS): offsets from the max of 16
-// of each row's scores (columns 0-15: this thread's registers of the first
-// two 8-column slices, over the quad) instead of all of them, so that
-// softmax_step_stale can take the block. A sample can only be lower than the
-// row max, which the stale step then corrects (shift, or recompute where
-// the gap is 2^128 or more). Where a row's sample is all masked the warp
-// keeps no offsets (st.ready stays false: the caller takes the max).
-template <int BLOCK_N>
-FA3C_DEVICE void seed_offsets(const float *s, SoftmaxState &st, float score_log2) {
-    float m[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        m[r] = quad_max(fmaxf(fmaxf(s[2 * r], s[2 * r + 1]), fmaxf(s[4 + 2 * r], s[4 + 2 * r + 1])));
-    st.ready = __all_sync(~0u, m[0] != -INFINITY && m[1] != -INFINITY);
-    if (st.ready) {
-        st.off[0] = m[0] * score_log2;
-        st.off[1] = m[1] * score_log2;
-    }
-}
-
 // What softmax_step_stale did with a block (STEP_NEEDS_MAX: not run, the
 // caller runs softmax_step).
 enum { STEP_KEPT, STEP_SHIFTED, STEP_LOST, STEP_NEEDS_MAX };

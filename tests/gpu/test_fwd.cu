@@ -407,8 +407,7 @@ TEST(fwd_late_score_jump) {
     fwd_case c = causal_case(FP16, 1, 700, 700, 2, 128);
     c.sink_scale = 300.f;
     run_case("overflowing jump causal fp16", c);
-    // The big key in the first block walked (FA3C_FWD_SEED_OFFSETS: above the
-    // sampled columns 0-15 of that block).
+    // The big key in the first block walked, which takes the row max.
     for (int i = 0; i < 2; i++) {
         c = base_case(BF16, 1, 300, 1000, 2, i ? 64 : 128);
         c.sink_key = 999;
