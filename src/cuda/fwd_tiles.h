@@ -72,6 +72,10 @@
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
 #endif
+/* Probabilities reach 2^T, and fp16 P holds at most 65504. */
+#if FA3C_FWD_LAZY_RESCALE < 0 || FA3C_FWD_LAZY_RESCALE > 15
+#error "FA3C_FWD_LAZY_RESCALE must be 0..15"
+#endif
 /* 1: the key blocks after a warp's first (once its rows have a finite
  * offset) skip the row max: their exponentials use the offsets the rows
  * have, and the block's partial row sums, which bound every probability,
@@ -157,7 +161,7 @@
 #define FA3C_FWD_TAIL_MIN_BLOCKS 4
 #endif
 /* Float4s of one consumer warpgroup's piece in the tail scratch: per thread
- * its D / 2 O values, then its rows' (max, max, sum, sum). */
+ * its D / 2 O values, then its rows' (offset, offset, sum, sum). */
 #define FA3C_FWD_TAIL_SLOT_FLOAT4S(D) (((D) / 8 + 1) * 128)
 
 /* 1: under a causal mask (a right bound) the partial row block's idle

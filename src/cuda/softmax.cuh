@@ -17,7 +17,8 @@
 struct SoftmaxState {
     float off[2];   // exp2 offset of each row, log2 units; -inf: no unmasked score seen yet
     float sum[2];   // this thread's partial sum of the probabilities
-    bool ready;     // warp-uniform: every row of the warp has a finite offset (softmax_step_stale may run)
+    bool ready;     // warp-uniform: every row of the warp has a finite offset (softmax_step_stale may run;
+                    // a warp with a row that sees no key, e.g. causal rows above the first key, never is)
 };
 
 FA3C_DEVICE void softmax_init(SoftmaxState &st) {
@@ -148,8 +149,10 @@ enum { STEP_KEPT, STEP_SHIFTED, STEP_LOST, STEP_NEEDS_MAX };
 //   caller computes the scores again and runs softmax_step (STEP_LOST).
 template <int BLOCK_N>
 FA3C_DEVICE int softmax_step_stale(float *s, SoftmaxState &st, float score_log2, float rescale[2]) {
-    static_assert((1 << FA3C_FWD_LAZY_RESCALE) >= 2 * (BLOCK_N / 4),
-                  "a shifted row's largest probability must exceed 2: 2^T > the values per thread and row");
+    // A sum over 2^T then has a probability over 2, so a shift moves the row
+    // (compiled, unused, where the knob is off).
+    static_assert(!FA3C_FWD_STALE_MAX || (1 << FA3C_FWD_LAZY_RESCALE) >= 2 * (BLOCK_N / 4),
+                  "2^T must be at least twice the values per thread and row");
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; i++) s[i] = ex2f(fmaf(s[i], score_log2, -st.off[(i / 2) % 2]));
     float block_sum[2];

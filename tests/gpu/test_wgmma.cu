@@ -42,7 +42,7 @@ __global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, 
 
 // S(64x64) = A(64x128, registers) · B(64x128)^T, B K-major: Q·K^T with Q in
 // registers. A goes through smem with the swizzle and comes back with
-// ldmatrix (load_a_fragment_sw128), as the kernel would load Q.
+// ldmatrix (load_a_fragment), as the kernel would load Q.
 __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
