@@ -621,11 +621,11 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 }
 
 // softmax(j) in place on S(j), whose softcap and mask the caller applied
-// (prepare_scores): against the
-// offsets the warp's rows have (softmax_step_stale) where it has them, else,
-// or where a probability overflowed (S is computed again from the K slot,
-// which the caller still holds), against the row max. Returns whether O must
-// be multiplied by `rescale`.
+// (prepare_scores): against the offsets the warp's rows have
+// (softmax_step_stale) where it has them; else, or where a probability
+// overflowed (S is computed again from the K slot, which the caller still
+// holds), against the row max. Returns whether O must be multiplied by
+// `rescale`.
 template <int D, int BLOCK_N, int FP16, bool Q_REGS>
 FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], const fa3c_fwd_kernel_params &p,
                                   const FwdTile &w, int row0, int n, int quad, uint32_t (*q_frag)[4],
