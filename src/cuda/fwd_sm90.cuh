@@ -498,7 +498,7 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 #pragma unroll
     for (int c = 0; c < D / 8; c += 2) {
         int chunk = c + m / 2;
-        stmatrix_x4(sw128_unit(stage, 64, row, chunk), pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
+        stmatrix_x4(swizzled_unit<128>(stage, 64, row, chunk), pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
                     pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
                     pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
                     pack2<FP16>(o[4 * c + 6] * inv[1], o[4 * c + 7] * inv[1]));
@@ -716,11 +716,10 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         trace(consumer_index, ring, TR_S_READY);
-        if (!FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);
         prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
         rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
                                                                sm.k[cur], consumer_index);
-        if (FA3C_FWD_STALE_MAX) release(&sm.k_empty[cur]);   // after a possible recompute of S
+        release(&sm.k_empty[cur]);   // after a possible recompute of S from it
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 

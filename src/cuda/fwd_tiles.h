@@ -199,7 +199,6 @@
 #define FA3C_FWD_STALE_MAX 0
 #endif
 
-
 /* 1: the kernel stamps the clock at each phase of every key block in its
  * first CTAs, and the launcher writes the stamps to $FA3C_TRACE_OUT
  * (trace.cuh, tools/gpu_trace.sh). For measurement builds only: it adds a

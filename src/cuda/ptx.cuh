@@ -169,9 +169,6 @@ FA3C_DEVICE uint8_t *swizzled_unit(uint8_t *tile, int chunk_rows, int row, int u
     const int phase = ROW_BYTES == 128 ? row % 8 : (row / 2) % 4;
     return tile + (unit / UNITS) * chunk_rows * ROW_BYTES + row * ROW_BYTES + (((unit % UNITS) ^ phase) * 16);
 }
-FA3C_DEVICE uint8_t *sw128_unit(uint8_t *tile, int chunk_rows, int row, int unit) {
-    return swizzled_unit<128>(tile, chunk_rows, row, unit);
-}
 
 // A warp's A fragment (rows row0..row0+15, columns k0..k0+15) of such a
 // tile, for wgmma (register A) or mma.sync m16n8k16: a[0] rows 0-7 /
