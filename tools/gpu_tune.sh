@@ -17,7 +17,9 @@ T="$OUT/tune.d"   # per-variant logs, packed into $OUT/tune_logs.tar.gz at the e
 mkdir -p "$T"
 J=$(nproc)
 [ $# -gt 0 ] || set -- "base:" "nonpersistent:-DFA3C_FWD_PERSISTENT=0"
-names=()
+# The variants build at the same time (one TU per instance: a variant alone
+# leaves most of the cores idle), then each is checked.
+specs=() pids=()
 for spec in "$@"; do
   name=${spec%%:*}; flags=${spec#*:}
   src=.
@@ -25,10 +27,15 @@ for spec in "$@"; do
   dir=$PWD/build-tune-$name
   # A variant may name its own instance list: "name:flags:instances".
   case "$flags" in *:*) insts=${flags#*:}; flags=${flags%%:*} ;; *) insts=${TUNE_INSTANCES:-bf16_hdim64;bf16_hdim128;bf16_hdim256} ;; esac
-  timeout 300 cmake -S "$src" -B "$dir" -DFA3C_BUILD_TESTS=OFF -DFA3C_BUILD_CLI=OFF "-DFA3C_INSTANCES=$insts" \
-    "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$T/build_$name.log" 2>&1 &&
-    timeout 300 cmake --build "$dir" -j"$J" --target bench_fwd_gpu >>"$T/build_$name.log" 2>&1 ||
-    { echo "variant $name: build failed"; tail -5 "$T/build_$name.log"; continue; }
+  { timeout 300 cmake -S "$src" -B "$dir" -DFA3C_BUILD_TESTS=OFF -DFA3C_BUILD_CLI=OFF "-DFA3C_INSTANCES=$insts" \
+      "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$T/build_$name.log" 2>&1 &&
+      timeout 300 cmake --build "$dir" -j"$J" --target bench_fwd_gpu >>"$T/build_$name.log" 2>&1; } &
+  pids+=($!); specs+=("$name|$flags")
+done
+names=()
+for i in "${!pids[@]}"; do
+  name=${specs[$i]%%|*}; flags=${specs[$i]#*|}
+  wait "${pids[$i]}" || { echo "variant $name: build failed"; tail -5 "$T/build_$name.log"; continue; }
   echo "variant $name ($flags): spills: $(grep -E 'spill' "$T/build_$name.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads')"
   names+=("$name")
 done

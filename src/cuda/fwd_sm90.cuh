@@ -195,23 +195,63 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
     load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
-// One thread streams, for every tile of this CTA, Q once (when the previous
-// tile's consumers are done with it) and K, V per key block through the ring.
-// `ring` counts key blocks over all tiles: it fixes slot and parity.
+// Q in registers (FA3C_FWD_Q_IN_REGS): hdim 128 (2 consumers with 240
+// registers; hdim 64's 160-register consumers would spill).
+template <int D>
+constexpr bool q_in_regs() {
+    return FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2;
+}
+
+// Q of tile t into the Q buffer, once the consumers are done with the last
+// one; `use` counts the Q loads (barrier parity).
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void produce_q(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                           int use) {
+    mbar_wait_parity(&sm.q_empty, q_phase_of(use) ^ 1);   // a fresh barrier passes parity 1 at once
+    mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
+    load_q_tile<D>(sm.q, p, &sm.q_full, t);
+}
+
+// The tile the producer streams after step `step`'s, if the next step has
+// one that is not empty (else false: nothing is fetched ahead of it).
+template <int D, int BLOCK_N>
+FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile &next) {
+    int tile = tile_of_step(p, step + 1, KernelCta());
+    if (tile < 0) return false;
+    next = tile_of_step_at<D, BLOCK_N>(p, tile, step + 1);
+    return !tile_is_empty(next);
+}
+
+// One thread streams, for every tile of this CTA, Q once and K, V per key
+// block through the ring. `ring` counts key blocks over all tiles: it fixes
+// slot and parity. Q is loaded when the consumers are done with the last
+// one: at the tile's start, or (FA3C_FWD_EARLY_Q, Q in registers) during
+// the tile before, after the first of its key blocks at which the Q buffer
+// is already free (the producer never waits for it there: that would hold
+// back the K and V it streams ahead, which short tiles need).
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    int ring = 0, q_uses = 0;
+    enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
+    int ring = 0, q_uses = 0, tiles = 0;
+    bool q_loaded = false;   // this tile's Q was loaded during the last one (EARLY_Q)
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
         if (tile_is_empty(t)) continue;
-        const int tile_count = q_uses;   // tiles loaded before this one
-        mbar_wait_parity(&sm.q_empty, q_phase_of(q_uses++) ^ 1);   // a fresh barrier passes parity 1 at once
-        mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
-        load_q_tile<D>(sm.q, p, &sm.q_full, t);
+        const int tile_count = tiles++;   // tiles loaded before this one
+        if (!q_loaded) produce_q<D, BLOCK_N, STAGES>(p, sm, t, q_uses++);
+        q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
             produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            // The next tile is looked up here, not kept: the producer's 24
+            // registers would spill it.
+            FwdTile next;
+            if (EARLY_Q && !q_loaded && mbar_test_wait_parity(&sm.q_empty, q_phase_of(q_uses) ^ 1) &&
+                next_tile_of<D, BLOCK_N>(p, step, next)) {
+                produce_q<D, BLOCK_N, STAGES>(p, sm, next, q_uses++);
+                q_loaded = true;
+            }
         }
     }
 }
@@ -479,40 +519,67 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
     }
 }
 
-// O / sum through smem and TMA: stmatrix puts the fragments into this
-// warpgroup's staging buffer with the 128-byte swizzle, one thread stores
-// the D / 64 boxes of 64 rows (rows past the end are clipped by the TMA
-// unit; a box starting above row 0 traps, which is why p.m_shift moves whole
-// warpgroups there, which idle). The buffer is reused by the next tile, once
-// the store has read it.
+// O / sum in the input dtype, as the pairs the epilogue stores:
+// packed[j] = columns (2j, 2j + 1) of o's pairs, of row j % 2 (o[2j], o[2j + 1]).
 template <int D, int FP16>
-FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
-                                const float inv[2], uint8_t *stage, int consumer_index, int ring) {
+FA3C_DEVICE void pack_output(const float *o, const float inv[2], uint32_t *packed) {
+#pragma unroll
+    for (int j = 0; j < D / 4; j++) packed[j] = pack2<FP16>(o[2 * j] * inv[j % 2], o[2 * j + 1] * inv[j % 2]);
+}
+
+// Packed O (pack_output) through smem and TMA: stmatrix puts the fragments
+// into this warpgroup's staging buffer with the 128-byte swizzle, one thread
+// stores the D / 64 boxes of 64 rows at query `query0` (rows past the end
+// are clipped by the TMA unit; a box starting above row 0 traps, which is
+// why p.m_shift moves whole warpgroups there, which idle). The buffer is
+// reused by the next tile, once the store has read it.
+template <int D>
+FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const uint32_t *packed, int query0, int group,
+                                int batch, uint8_t *stage, int consumer_index, int ring) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
     if (tid == 0) tma_store_wait_read();   // the previous tile's store is done with the buffer
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
     trace(consumer_index, ring, TR_EPI_STAGE);
     // Lane l addresses row l % 8 of matrix l / 8: matrices 0, 1 are rows 0-7
     // and 8-15 of 8-column chunk c, matrices 2, 3 the same rows of chunk c + 1.
-    int m = lane / 8, row = warp * 16 + (m % 2) * 8 + lane % 8;
+    // (Opaque: computed here, per tile, rather than hoisted to the kernel's
+    // start and held, or spilled, through every tile.)
+    int m = lane / 8, row = (int)opaque_u32(warp * 16 + (m % 2) * 8 + lane % 8);
 #pragma unroll
-    for (int c = 0; c < D / 8; c += 2) {
-        int chunk = c + m / 2;
-        stmatrix_x4(swizzled_unit<128>(stage, 64, row, chunk), pack2<FP16>(o[4 * c] * inv[0], o[4 * c + 1] * inv[0]),
-                    pack2<FP16>(o[4 * c + 2] * inv[1], o[4 * c + 3] * inv[1]),
-                    pack2<FP16>(o[4 * c + 4] * inv[0], o[4 * c + 5] * inv[0]),
-                    pack2<FP16>(o[4 * c + 6] * inv[1], o[4 * c + 7] * inv[1]));
-    }
+    for (int c = 0; c < D / 8; c += 2)
+        stmatrix_x4(swizzled_unit<128>(stage, 64, row, c + m / 2), packed[2 * c], packed[2 * c + 1],
+                    packed[2 * c + 2], packed[2 * c + 3]);
     fence_proxy_async_smem();   // the stores above, before the TMA unit reads them
     named_bar_sync(BAR_EPILOGUE_WG0 + consumer_index, 128);
     trace(consumer_index, ring, TR_EPI_STAGED);
     if (tid == 0) {
-        int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
 #pragma unroll
         for (int b = 0; b < D / 64; b++)
-            tma_store_5d(&p.o_map, stage + b * (64 * 128), b * 64, 0, query0, t.group, t.batch);
+            tma_store_5d(&p.o_map, stage + b * (64 * 128), b * 64, 0, query0, group, batch);
         tma_store_commit();
     }
+}
+
+// A tile's O store left for later (FA3C_FWD_DEFER_EPILOGUE): the packed O
+// and where store_tile_tma puts it. `owed`: there is one.
+template <int D>
+struct OwedStore {
+    uint32_t packed[D / 4] = {};
+    int query0 = 0, group = 0, batch = 0;
+    bool owed = false;
+};
+
+// The owed store, if any, into this warpgroup's own staging buffer.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void pay_owed_store(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, OwedStore<D> &w,
+                                int consumer_index, int ring) {
+    if (w.owed)
+        store_tile_tma<D>(p, w.packed, w.query0, w.group, w.batch, o_staging(sm, consumer_index, ring),
+                          consumer_index, ring);
+    // Constants until the next epilogue defines them: otherwise, on the paths
+    // where it does not (split-KV, register stores), the values would have
+    // to live through the whole tile (ptxas spilled them).
+    w = OwedStore<D>();
 }
 
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
@@ -523,9 +590,11 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const FwdTile &
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
+// With `owe` (not NULL, and O leaving through `stage` and TMA), the O store
+// is left in *owe for pay_owed_store; the LSE is written at once.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, uint8_t *stage, int consumer_index, int ring) {
+                          int quad, uint8_t *stage, int consumer_index, int ring, OwedStore<D> *owe = nullptr) {
     trace(consumer_index, ring, TR_EPI_BEGIN);
     float inv[2], lse[2];
 #pragma unroll
@@ -540,7 +609,19 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         return;
     }
     if (stage && p.out_tma) {
-        store_tile_tma<D, FP16>(p, t, o, inv, stage, consumer_index, ring);
+        const int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
+        if (owe) {
+            write_lse(p, t, lse, rows, quad);
+            pack_output<D, FP16>(o, inv, owe->packed);
+            owe->query0 = query0;
+            owe->group = t.group;
+            owe->batch = t.batch;
+            owe->owed = true;
+            return;
+        }
+        uint32_t packed[D / 4];
+        pack_output<D, FP16>(o, inv, packed);
+        store_tile_tma<D>(p, packed, query0, t.group, t.batch, stage, consumer_index, ring);
         write_lse(p, t, lse, rows, quad);
         return;
     }
@@ -580,8 +661,8 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 // stream-K cut, if any).
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
-                             int step) {
+                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring, int step,
+                             OwedStore<D> &owed) {
     // A piece of a stream-K cut tile: the piece that finishes second writes
     // it. (One structured path for both: an early return for the other made
     // ptxas move hdim 256's key loop off the uniform datapath.)
@@ -592,7 +673,9 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
                                                                    BAR_EPILOGUE_WG0 + consumer_index);
     uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring);
+        // The own staging buffer: the store may wait for the next tile's first Q·Kᵀ.
+        const bool defer = FA3C_FWD_DEFER_EPILOGUE && FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_OWN;
+        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring, defer ? &owed : nullptr);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
@@ -648,10 +731,10 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
 // (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase, int step) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step, OwedStore<D> &owed) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
-        Q_REGS = FA3C_FWD_Q_IN_REGS && D % 64 == 0 && D <= 128 && FA3C_FWD_CONSUMERS(D) == 2
+        Q_REGS = q_in_regs<D>()
     };
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
     int row0 = t.m0 + consumer_index * 64 + warp * 16 + lane / 4;   // this thread's rows: row0, row0 + 8
@@ -662,8 +745,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     uint32_t p_frag[BLOCK_N / 16][4];   // P of the last block, as wgmma A fragments
     SoftmaxState st;
     softmax_init(st);
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     float rescale[2];
     bool rescale_o = true;   // O must be multiplied by rescale (softmax_step)
 
@@ -688,6 +769,9 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_TURN);
     issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);   // the last tile's, under this Q·Kᵀ
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
@@ -747,7 +831,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release(&sm.v_empty[last]);
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
+    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step, owed);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -759,8 +843,8 @@ template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
                                     uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
+    release(&sm.q_empty);   // at once: the producer may load the next Q during this tile (FA3C_FWD_EARLY_Q)
     for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
-    release(&sm.q_empty);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
@@ -787,12 +871,15 @@ template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
+    OwedStore<D> owed;   // the last tile's O store, where it waits for this tile's first Q·Kᵀ
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
+        if (tile_is_empty(t) || (unsigned)wg_m0 >= (unsigned)p.rows)   // no Q·Kᵀ to hide it under
+            pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);
         if (tile_is_empty(t)) {
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
@@ -804,11 +891,14 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
+                                                           owed);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
+                                                           owed);
         }
     }
+    pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }

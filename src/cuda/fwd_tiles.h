@@ -141,6 +141,22 @@
 #ifndef FA3C_FWD_Q_IN_REGS
 #define FA3C_FWD_Q_IN_REGS 1
 #endif
+/* 1: with Q in registers (FA3C_FWD_Q_IN_REGS), whose smem is free from a
+ * tile's start, the producer loads the next tile's Q during this tile, after
+ * the first key block at which the Q buffer is free (never waiting for it
+ * there), instead of at the next tile's start. ncu at hdim 128 512 (run 75):
+ * the consumers' waits for the next tile's Q and first K were 4.4% of the
+ * warp samples. 0: at the next tile's start. */
+#ifndef FA3C_FWD_EARLY_Q
+#define FA3C_FWD_EARLY_Q 1
+#endif
+/* 1: where O is staged in a buffer of its own (hdim 64, 128), a tile's O
+ * store (stmatrix, fence, barrier, TMA store) waits until the next tile's
+ * first Q·Kᵀ is issued and runs under it, instead of before the next tile
+ * can start; the LSE is written at once. 0: the store ends the tile. */
+#ifndef FA3C_FWD_DEFER_EPILOGUE
+#define FA3C_FWD_DEFER_EPILOGUE 0
+#endif
 /* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
  * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
  * equal shares of key blocks, one per CTA, and a tile cut in two is merged

@@ -57,6 +57,18 @@ FA3C_DEVICE uint32_t mbar_try_wait_parity(uint64_t *bar, uint32_t parity) {
     return done;
 }
 
+// The same without blocking: mbarrier.test_wait returns at once (try_wait
+// may suspend the thread for a while first).
+FA3C_DEVICE uint32_t mbar_test_wait_parity(uint64_t *bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return done;
+}
+
 // Spin until `ready` holds. With FA3C_DEBUG_HANGS a wait that spins too
 // long prints where it is (printf-style `...`) and traps: a deadlock costs
 // seconds, not the whole call.
