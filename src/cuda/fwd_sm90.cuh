@@ -560,28 +560,6 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const uint32_t 
     }
 }
 
-// A tile's O store left for later (FA3C_FWD_DEFER_EPILOGUE): the packed O
-// and where store_tile_tma puts it. `owed`: there is one.
-template <int D>
-struct OwedStore {
-    uint32_t packed[D / 4] = {};
-    int query0 = 0, group = 0, batch = 0;
-    bool owed = false;
-};
-
-// The owed store, if any, into this warpgroup's own staging buffer.
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void pay_owed_store(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, OwedStore<D> &w,
-                                int consumer_index, int ring) {
-    if (w.owed)
-        store_tile_tma<D>(p, w.packed, w.query0, w.group, w.batch, o_staging(sm, consumer_index, ring),
-                          consumer_index, ring);
-    // Constants until the next epilogue defines them: otherwise, on the paths
-    // where it does not (split-KV, register stores), the values would have
-    // to live through the whole tile (ptxas spilled them).
-    w = OwedStore<D>();
-}
-
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
 // results (store_partial). Rows past the end are dropped. `stage`: where
 // this warpgroup stages O for store_tile_tma (NULL: nowhere). `ring`: for
@@ -590,11 +568,9 @@ FA3C_DEVICE void pay_owed_store(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOC
 // p.out_vec16, each group of four 8-column chunks is transposed across the
 // quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
 // per row instead of half-used ones); otherwise 4-byte stores.
-// With `owe` (not NULL, and O leaving through `stage` and TMA), the O store
-// is left in *owe for pay_owed_store; the LSE is written at once.
 template <int D, int FP16>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, uint8_t *stage, int consumer_index, int ring, OwedStore<D> *owe = nullptr) {
+                          int quad, uint8_t *stage, int consumer_index, int ring) {
     trace(consumer_index, ring, TR_EPI_BEGIN);
     float inv[2], lse[2];
 #pragma unroll
@@ -610,15 +586,6 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
     }
     if (stage && p.out_tma) {
         const int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
-        if (owe) {
-            write_lse(p, t, lse, rows, quad);
-            pack_output<D, FP16>(o, inv, owe->packed);
-            owe->query0 = query0;
-            owe->group = t.group;
-            owe->batch = t.batch;
-            owe->owed = true;
-            return;
-        }
         uint32_t packed[D / 4];
         pack_output<D, FP16>(o, inv, packed);
         store_tile_tma<D>(p, packed, query0, t.group, t.batch, stage, consumer_index, ring);
@@ -661,8 +628,8 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 // stream-K cut, if any).
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring, int step,
-                             OwedStore<D> &owed) {
+                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
+                             int step) {
     // A piece of a stream-K cut tile: the piece that finishes second writes
     // it. (One structured path for both: an early return for the other made
     // ptxas move hdim 256's key loop off the uniform datapath.)
@@ -673,9 +640,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
                                                                    BAR_EPILOGUE_WG0 + consumer_index);
     uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        // The own staging buffer: the store may wait for the next tile's first Q·Kᵀ.
-        const bool defer = FA3C_FWD_DEFER_EPILOGUE && FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_OWN;
-        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring, defer ? &owed : nullptr);
+        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
@@ -731,7 +696,7 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
 // (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase, int step, OwedStore<D> &owed) {
+                               int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = q_in_regs<D>()
@@ -769,9 +734,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_TURN);
     issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], consumer_index);
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);   // the last tile's, under this Q·Kᵀ
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;   // under the first Q·Kᵀ
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
@@ -831,7 +795,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release(&sm.v_empty[last]);
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step, owed);
+    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -871,15 +835,12 @@ template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
-    OwedStore<D> owed;   // the last tile's O store, where it waits for this tile's first Q·Kᵀ
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
-        if (tile_is_empty(t) || (unsigned)wg_m0 >= (unsigned)p.rows)   // no Q·Kᵀ to hide it under
-            pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);
         if (tile_is_empty(t)) {
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
@@ -891,14 +852,11 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
-                                                           owed);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step,
-                                                           owed);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
         }
     }
-    pay_owed_store<D, BLOCK_N, STAGES>(p, sm, owed, consumer_index, ring);
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }

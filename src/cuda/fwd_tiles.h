@@ -150,13 +150,6 @@
 #ifndef FA3C_FWD_EARLY_Q
 #define FA3C_FWD_EARLY_Q 1
 #endif
-/* 1: where O is staged in a buffer of its own (hdim 64, 128), a tile's O
- * store (stmatrix, fence, barrier, TMA store) waits until the next tile's
- * first Q·Kᵀ is issued and runs under it, instead of before the next tile
- * can start; the LSE is written at once. 0: the store ends the tile. */
-#ifndef FA3C_FWD_DEFER_EPILOGUE
-#define FA3C_FWD_DEFER_EPILOGUE 0
-#endif
 /* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
  * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
  * equal shares of key blocks, one per CTA, and a tile cut in two is merged
