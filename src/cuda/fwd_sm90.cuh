@@ -691,10 +691,9 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
 // One tile of one consumer warpgroup. `ring` is the key-block count over all
 // tiles of this CTA (ring slot and parity); `q_phase` this tile's Q barrier
 // parity. The warpgroups alternate turns across tiles too: each takes the
-// same number of turns per tile (one per key block, plus one for the last
-// P·V with FA3C_FWD_LAST_PV_TURN). SKIP_MASKED: the leading key blocks
-// masked for all of this warpgroup's rows are skipped (their turns taken
-// empty), and its own unmasked range is used.
+// same number of turns per tile (one per key block, plus one). SKIP_MASKED:
+// the leading key blocks masked for all of this warpgroup's rows are skipped
+// (their turns taken empty), and its own unmasked range is used.
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                int consumer_index, int &ring, uint32_t q_phase, int step) {
@@ -787,11 +786,11 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
     ring++;
     trace(consumer_index, ring, TR_LAST_DATA);
-    if (FA3C_FWD_LAST_PV_TURN) wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     trace(consumer_index, ring, TR_LAST_TURN);
     if (!UNDER_PV && rescale_o) rescale_output<D>(o, rescale);
     issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[last]);
-    if (FA3C_FWD_LAST_PV_TURN) pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
@@ -810,10 +809,8 @@ FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTi
     mbar_wait_parity(&sm.q_full, q_phase);
     release(&sm.q_empty);   // at once: the producer may load the next Q during this tile (FA3C_FWD_EARLY_Q)
     for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
-    if (FA3C_FWD_LAST_PV_TURN) {   // consumer_tile then takes one turn more than key blocks
-        wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-        pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    }
+    wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
+    pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
 }
 

@@ -63,14 +63,6 @@
 #ifndef FA3C_FWD_PINGPONG
 #define FA3C_FWD_PINGPONG 1
 #endif
-/* 1: a tile's last P·V is issued in a turn of its own, like every other
- * GEMM; 0: it goes as soon as its P is ready, without a turn (every
- * warpgroup takes one turn per key block, so the turns stay balanced).
- * ncu at hdim 128 512 (run 75): the wait for that turn was 1.9% of the
- * warp samples. */
-#ifndef FA3C_FWD_LAST_PV_TURN
-#define FA3C_FWD_LAST_PV_TURN 1
-#endif
 /* T > 0: lazy rescaling (softmax.cuh): a warp's rows keep their running max
  * until one grows by more than 2^T, and the O multiplies (and the row
  * maxima's shuffles) are skipped by a warp-uniform branch while none does;
