@@ -519,8 +519,9 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
     }
 }
 
-// O / sum in the input dtype, as the pairs the epilogue stores:
-// packed[j] = columns (2j, 2j + 1) of o's pairs, of row j % 2 (o[2j], o[2j + 1]).
+// O / sum in the input dtype: packed[j] holds o[2j] and o[2j + 1], which are
+// row j % 2 of this thread's two rows, 8-column chunk j / 2 (o's layout,
+// see epilogue()), each divided by its row's sum.
 template <int D, int FP16>
 FA3C_DEVICE void pack_output(const float *o, const float inv[2], uint32_t *packed) {
 #pragma unroll
