@@ -46,28 +46,23 @@ FA3C_DEVICE void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// 1 when the phase with the given parity has completed.
+// 1 when the phase with the given parity has completed. try_wait may
+// suspend the thread for a while first; test_wait returns at once.
+#define FA3C_MBAR_PARITY_ASM(op)                                   \
+    "{\n .reg .pred p;\n"                                          \
+    " mbarrier." op ".parity.shared::cta.b64 p, [%1], %2;\n"       \
+    " selp.u32 %0, 1, 0, p;\n}"
 FA3C_DEVICE uint32_t mbar_try_wait_parity(uint64_t *bar, uint32_t parity) {
     uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    asm volatile(FA3C_MBAR_PARITY_ASM("try_wait") : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     return done;
 }
-
-// The same without blocking: mbarrier.test_wait returns at once (try_wait
-// may suspend the thread for a while first).
 FA3C_DEVICE uint32_t mbar_test_wait_parity(uint64_t *bar, uint32_t parity) {
     uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n"
-        " mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    asm volatile(FA3C_MBAR_PARITY_ASM("test_wait") : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     return done;
 }
+#undef FA3C_MBAR_PARITY_ASM
 
 // Spin until `ready` holds. With FA3C_DEBUG_HANGS a wait that spins too
 // long prints where it is (printf-style `...`) and traps: a deadlock costs
