@@ -5,10 +5,16 @@
 #include "gpu_util.cuh"
 #include "../../src/cuda/wgmma.cuh"
 
-// S(64x64) = A(64x128) · B(64x128)^T, both K-major: the Q·K^T shape.
+extern __shared__ __align__(1024) uint8_t smem_raw[];
+
+// The dynamic smem's base, aligned to 1 KB (the swizzle's period).
+__device__ uint8_t *smem_base(void) { return (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); }
+
 // A and B (64 x 128 each) into smem with the 128-byte swizzle, by plain
-// stores, visible to wgmma; sa at the aligned base, sb 16 KB on.
-__device__ void stage_ab_sw128(uint8_t *sa, uint8_t *sb, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
+// stores, visible to wgmma: sa at the aligned base, sb 16 KB on.
+__device__ void stage_ab_sw128(uint8_t *&sa, uint8_t *&sb, const __nv_bfloat16 *a, const __nv_bfloat16 *b) {
+    sa = smem_base();
+    sb = sa + 64 * 128 * 2;
     for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sa + sw128_offset(64, r, c)) = a[i];
@@ -18,10 +24,21 @@ __device__ void stage_ab_sw128(uint8_t *sa, uint8_t *sb, const __nv_bfloat16 *a,
     __syncthreads();
 }
 
+// A 64 x N accumulator of one warpgroup (wgmma layout: register i of thread
+// t is row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2), column
+// 8 (i / 4) + 2 (t % 4) + i % 2) into a row-major 64 x N matrix.
+template <int N>
+__device__ void store_accumulator(const float *d, float *out) {
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    for (int i = 0; i < N / 2; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+        out[row * N + col] = d[i];
+    }
+}
+
+// S(64x64) = A(64x128) · B(64x128)^T, both K-major: the Q·K^T shape.
 __global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    uint8_t *sa, *sb;
     stage_ab_sw128(sa, sb, a, b);
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 0.f;
@@ -33,22 +50,16 @@ __global__ void wgmma_ss_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, 
     }
     wgmma_commit();
     wgmma_wait<0>();
-    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-    for (int i = 0; i < 32; i++) {
-        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-        out[row * 64 + col] = d[i];
-    }
+    store_accumulator<64>(d, out);
 }
 
 // S(64x64) = A(64x128, registers) · B(64x128)^T, B K-major: Q·K^T with Q in
 // registers. A goes through smem with the swizzle and comes back with
 // ldmatrix (load_a_fragment), as the kernel would load Q.
 __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    uint8_t *sa, *sb;
     stage_ab_sw128(sa, sb, a, b);
-    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    int w = threadIdx.x / 32;
     uint32_t frag[8][4];
     for (int kk = 0; kk < 8; kk++) load_a_fragment<128>(frag[kk], sa, 64, 16 * w, 16 * kk);
     float d[32];
@@ -60,10 +71,7 @@ __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
     }
     wgmma_commit();
     wgmma_wait<0>();
-    for (int i = 0; i < 32; i++) {
-        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-        out[row * 64 + col] = d[i];
-    }
+    store_accumulator<64>(d, out);
 }
 
 // The same S with warp-level mma.sync m16n8k16, A and B both by ldmatrix
@@ -71,11 +79,9 @@ __global__ void wgmma_rsk_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
 // forward kernel's rare recompute of S (recompute_scores_warp). Its
 // accumulator layout must be the wgmma one.
 __global__ void mma_sync_qkt_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b, float *out) {
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sa = smem, *sb = smem + 64 * 128 * 2;
+    uint8_t *sa, *sb;
     stage_ab_sw128(sa, sb, a, b);
-    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    int w = threadIdx.x / 32;
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 0.f;
     for (int kk = 0; kk < 8; kk++) {
@@ -88,16 +94,12 @@ __global__ void mma_sync_qkt_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 
             mma_m16n8k16<0>(&d[8 * c + 4], frag, bf[2], bf[3]);
         }
     }
-    for (int i = 0; i < 32; i++) {
-        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-        out[row * 64 + col] = d[i];
-    }
+    store_accumulator<64>(d, out);
 }
 
 // O(64x128) = P(64x64, registers) · V(64x128), V MN-major: the P·V shape.
 __global__ void wgmma_rs_kernel(const __nv_bfloat16 *p, const __nv_bfloat16 *v, float *out) {
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *sv = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sv = smem_base();
     for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sv + sw128_offset(64, r, c)) = v[i];
@@ -121,10 +123,7 @@ __global__ void wgmma_rs_kernel(const __nv_bfloat16 *p, const __nv_bfloat16 *v, 
     }
     wgmma_commit();
     wgmma_wait<0>();
-    for (int i = 0; i < 64; i++) {
-        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-        out[row * 128 + col] = d[i];
-    }
+    store_accumulator<128>(d, out);
 }
 
 static void fill_bf16(__nv_bfloat16 *h, float *hf, int n) {
