@@ -66,7 +66,7 @@ static const fwd_instance fwd_instances[] = {
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
-    fa3c_fwd_plan_facts f = {0, 0, 0, 0};
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER};
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -217,13 +217,14 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, pack,
                                            pr->headdim, cols, block_m) != FA3C_STATUS_OK)
         pack = 1;   /* strides the 5-D map can't take: no packing */
+    /* K and V boxes: a key block, or in a cluster the half each CTA loads for both. */
     if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
                                                   pr->headdim, cols, block_m))) ||
+        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  cols, block_n)) ||
+                                  cols, block_n / k.cluster)) ||
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  cols, block_n)) ||
-        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))
+                                  cols, block_n / k.cluster)))
         return s;
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];

@@ -2,6 +2,7 @@
 // FA3C_FWD_INSTANCE once, so every kernel is its own translation unit.
 #pragma once
 #include <cuda_runtime.h>
+#include <string.h>
 #include "fwd_sm90.cuh"
 #include "backend.h"
 
@@ -33,6 +34,41 @@ static void trace_clear(cudaStream_t) {}
 static void trace_write(cudaStream_t, int) {}
 #endif
 
+// Builds with clusters (FA3C_FWD_CLUSTER) launch in clusters of p->cluster
+// CTAs (of 1 too, so that the kernel's cluster registers are defined), and a
+// persistent grid of no more clusters than fit on the GPU at once (with
+// clusters of 2 that may be fewer than SMs / 2; more would run in a second
+// wave). The count is looked up once per instance.
+template <int D, int BLOCK_N, int FP16>
+static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t smem, cudaStream_t stream) {
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)p->cluster;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)p->grid);
+    cfg.blockDim = dim3(FA3C_FWD_THREADS(D));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    static int pairs_that_fit = -1;   // clusters of 2 resident at once; 0: unknown
+    if (FA3C_FWD_PERSISTENT && p->cluster == 2) {
+        if (pairs_that_fit < 0) {
+            int fit = 0;
+            if (cudaOccupancyMaxActiveClusters(&fit, fwd_kernel<D, BLOCK_N, FP16>, &cfg) != cudaSuccess) {
+                cudaGetLastError();
+                fit = 0;
+            }
+            pairs_that_fit = fit;
+        }
+        if (pairs_that_fit > 0 && 2 * pairs_that_fit < p->grid) cfg.gridDim = dim3(2u * (unsigned)pairs_that_fit);
+    }
+    return cudaLaunchKernelEx(&cfg, fwd_kernel<D, BLOCK_N, FP16>, *p);
+}
+
 template <int D, int BLOCK_N, int FP16>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
     size_t smem = fwd_smem_bytes<D, BLOCK_N>();
@@ -42,8 +78,12 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
                           smem, cudaGetErrorString(e));
     // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
     trace_clear(stream);
-    fwd_kernel<D, BLOCK_N, FP16><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
-    e = cudaGetLastError();
+    if (FA3C_FWD_CLUSTER > 1) {
+        e = launch_in_clusters<D, BLOCK_N, FP16>(p, smem, stream);
+    } else {
+        fwd_kernel<D, BLOCK_N, FP16><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
+        e = cudaGetLastError();
+    }
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));
     trace_write(stream, D);

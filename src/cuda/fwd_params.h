@@ -75,6 +75,13 @@ typedef struct fa3c_fwd_kernel_params {
     float softcap_pre;                 /* softmax_scale / softcap */
     int window_left, window_right;     /* -1 = unbounded; causal is right = 0 */
     int grid;                          /* CTAs to launch: one per tile, at most one per SM when persistent */
+    /* CTAs per cluster: 1, or 2 (FA3C_FWD_CLUSTER, fwd_plan.c): tiles are then
+     * cluster tiles of 2 BLOCK_M rows, numbered and dealt out to clusters as
+     * tiles are to CTAs; rank r of a cluster takes rows [r BLOCK_M, + BLOCK_M),
+     * and each rank loads half of every K and V tile for both (the maps' boxes
+     * are BLOCK_N / 2 rows). num_m_blocks and num_tiles count cluster tiles,
+     * grid counts CTAs. */
+    int cluster;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus

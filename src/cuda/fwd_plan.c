@@ -83,7 +83,7 @@ static void fill_schedule(fa3c_fwd_kernel_params *k) {
 static void plan_tail(fa3c_fwd_kernel_params *k) {
     fa3c_fwd_plan_drop_tail(k);
     long long g = k->grid, t = k->num_tiles, b = k->blocks_per_split;
-    if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->num_splits != 1 || k->window_left >= 0 ||
+    if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->cluster > 1 || k->num_splits != 1 || k->window_left >= 0 ||
         k->window_right >= 0 || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
         return;
     long long tail = t - (t / g - 1) * g;
@@ -134,8 +134,19 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     if (tiles * k->num_splits > INT32_MAX)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
                           facts->block_m);
+    /* Clusters of two CTAs that share their K/V loads (fwd_params.h): where
+     * the row blocks of every (batch, group) pair up and both halves of a pair
+     * walk the same key blocks (no mask or window, no split-KV). From here on
+     * tiles are cluster tiles, dealt out to clusters. */
+    k->cluster = facts->cluster > 1 && k->window_left < 0 && k->window_right < 0 && k->num_splits == 1 &&
+                         k->num_m_blocks % 2 == 0
+                     ? 2
+                     : 1;
+    k->num_m_blocks /= k->cluster;
+    tiles /= k->cluster;
     k->num_tiles = (int)(tiles * k->num_splits);
-    k->grid = FA3C_FWD_PERSISTENT && facts->sms > 0 && facts->sms < k->num_tiles ? facts->sms : k->num_tiles;
+    int clusters = facts->sms / k->cluster;
+    k->grid = k->cluster * (FA3C_FWD_PERSISTENT && clusters > 0 && clusters < k->num_tiles ? clusters : k->num_tiles);
     k->section_heads = l2_section_heads(pr, pack, facts->l2_bytes);
     fill_schedule(k);
     plan_tail(k);

@@ -19,6 +19,8 @@ typedef struct fa3c_fwd_plan_facts {
     int l2_bytes;   /* L2 size; <= 0: unknown (one L2 section) */
     int block_m;    /* rows per tile */
     int block_n;    /* keys per block */
+    int cluster;    /* the most CTAs per cluster the instance can run: 2 with
+                       FA3C_FWD_CLUSTER = 2, else 1 (0 is taken as 1) */
 } fa3c_fwd_plan_facts;
 
 /* The GQA pack the plan would use: heads_q / heads_kv when packing the
@@ -27,7 +29,7 @@ typedef struct fa3c_fwd_plan_facts {
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m);
 
 /* Fills k's batch, seqlens, heads, window (causal is window_right = 0),
- * pack (as given), groups, rows, grid,
+ * pack (as given), groups, rows, grid, cluster,
  * num_m_blocks, num_splits, blocks_per_split, num_tiles, section_heads,
  * the order's constants and the stream-K tail (whole_tiles, tail_blocks,
  * tail_units; its scratch pointers are the caller's). num_splits: the call's request (0 = auto).

@@ -165,25 +165,50 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
 // call it, so they walk the same key blocks.
 template <int D, int BLOCK_N>
 FA3C_DEVICE FwdTile tile_of_step_at(const fa3c_fwd_kernel_params &p, int tile, int step) {
-    FwdTile t = tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at(p, tile, (int)cluster_cta_count(), (int)cluster_cta_rank(),
+                                                   FA3C_FWD_BLOCK_M(D), BLOCK_N)
+                                     : tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
     if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);
     return t;
 }
 
+// CTAs per cluster: p.cluster where the build has clusters (FA3C_FWD_CLUSTER).
+FA3C_DEVICE int cluster_size(const fa3c_fwd_kernel_params &p) { return FA3C_FWD_CLUSTER > 1 ? p.cluster : 1; }
+
+// K or V of key block n into a ring slot: one CTA's TMA boxes, or in a
+// cluster (PAIRED: p.cluster = 2) half of the rows from each CTA, multicast
+// into both CTAs' slots (so each slot's full barrier counts the bytes of
+// both halves, and its empty barrier the releases of both CTAs' consumers).
+template <int D, int ROWS, bool PAIRED>
+FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int row0, int head, int batch) {
+    typedef TileLayout<D> L;
+    if (PAIRED) {
+        enum { HALF = ROWS / 2 };
+        static_assert(HALF % 8 == 0, "a half tile must be whole 8-row swizzle atoms");
+        const int rank = (int)cluster_cta_rank();
+#pragma unroll
+        for (int c = 0; c < D / L::CHUNK; c++)
+            tma_load_4d_multicast(dst + (c * ROWS + rank * HALF) * L::ROW_BYTES, map, bar, 0x3, c * L::CHUNK,
+                                  row0 + rank * HALF, head, batch);
+    } else {
+        load_tile<D, ROWS>(dst, map, bar, row0, head, batch);
+    }
+}
+
 // K of key block n into the slot of ring index r, once the slot is free.
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool PAIRED>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
                            int n) {
     int s = stage_of(r, STAGES);
     mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
     mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
-    load_tile<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // V of key block n into the slot of ring index r. `first_of_tile`: with O
 // staged in the V ring, the previous tile's O stores must have read it.
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool PAIRED>
 FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
                            int n, bool first_of_tile, int tile_count) {
     int s = stage_of(r, STAGES);
@@ -192,7 +217,7 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         mbar_wait_parity(&sm.o_free, (uint32_t)(tile_count - 1) & 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
     mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
-    load_tile<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // Q in registers (FA3C_FWD_Q_IN_REGS): hdim 128 (2 consumers with 240
@@ -229,7 +254,7 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
 // the tile before, after the first of its key blocks at which the Q buffer
 // is already free (the producer never waits for it there: that would hold
 // back the K and V it streams ahead, which short tiles need).
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool PAIRED>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
     int ring = 0, q_uses = 0, tiles = 0;
@@ -242,8 +267,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES>(p, sm, t, q_uses++);
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-            produce_k<D, BLOCK_N, STAGES>(p, sm, t, ring, n);
-            produce_v<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            produce_k<D, BLOCK_N, STAGES, PAIRED>(p, sm, t, ring, n);
+            produce_v<D, BLOCK_N, STAGES, PAIRED>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
             // The next tile is looked up here, not kept: the producer's 24
             // registers would spill it.
             FwdTile next;
@@ -400,6 +425,18 @@ FA3C_DEVICE void release(uint64_t *bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(bar);
 }
 
+// Release a K or V ring slot. In a cluster both CTAs' producers write into
+// it (load_kv_tile), so each consumer warp arrives on the slot's barrier in
+// every CTA of the cluster: lane r on rank r's.
+FA3C_DEVICE void release_kv(uint64_t *bar, int cluster) {
+    if (FA3C_FWD_CLUSTER > 1 && cluster > 1) {
+        const uint32_t lane = threadIdx.x % 32;
+        if (lane < (uint32_t)cluster) mbar_arrive_cluster(bar, lane);
+    } else {
+        release(bar);
+    }
+}
+
 // O_STAGE_IN_V: wait until every consumer warp has released the last use of
 // the V slots this warpgroup stages O in (the v_empty phase of ring index
 // ring - 1 - k for each slot; with FA3C_FWD_O_IN_V_SLOT only its own slot's
@@ -417,11 +454,16 @@ FA3C_DEVICE void wait_v_ring_read(uint64_t *v_empty, int ring, int consumer_inde
 
 // O_STAGE_IN_V: one arrival per consumer warpgroup and tile on o_free, after
 // this warpgroup's O stores (if it staged) have read the V ring; the producer
-// waits for it before the next tile's first V load.
-FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged) {
+// waits for it before the next tile's first V load. In a cluster on every
+// CTA's o_free: both producers write into this CTA's V ring.
+FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged, int cluster) {
     if (threadIdx.x % 128 == 0) {
         if (staged) tma_store_wait_read();
-        mbar_arrive(o_free);
+        if (FA3C_FWD_CLUSTER > 1 && cluster > 1) {
+            for (int r = 0; r < cluster; r++) mbar_arrive_cluster(o_free, (uint32_t)r);
+        } else {
+            mbar_arrive(o_free);
+        }
     }
 }
 
@@ -649,7 +691,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
     const bool staged = writes && p.out_tma && p.num_splits == 1;
     if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
     if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
-    release_o_staging(&sm.o_free, staged);
+    release_o_staging(&sm.o_free, staged, cluster_size(p));
 }
 
 // A key block this warpgroup does not compute, with the barrier protocol of
@@ -657,16 +699,16 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
 // release of its ring slot after a wait on the slot's full barriers, so that
 // the release counts for this use of the slot.
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring) {
+FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring, int cluster) {
     int s = stage_of(ring, STAGES);
     uint32_t ph = phase_of(ring, STAGES);
     ring++;
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     mbar_wait_parity(&sm.k_full[s], ph);
-    release(&sm.k_empty[s]);
+    release_kv(&sm.k_empty[s], cluster);
     mbar_wait_parity(&sm.v_full[s], ph);
-    release(&sm.v_empty[s]);
+    release_kv(&sm.v_empty[s], cluster);
 }
 
 // softmax(j) in place on S(j), whose softcap and mask the caller applied
@@ -724,7 +766,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     // The blocks masked for all of this warpgroup's rows come first: skipped.
     const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
     if (SKIP_MASKED)
-        for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
+        for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = w.n_end - 1;
@@ -740,7 +782,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
-    release(&sm.k_empty[cur]);
+    release_kv(&sm.k_empty[cur], cluster_size(p));
     prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
     rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);   // the rows' first offsets
     trace(consumer_index, ring, TR_SOFTMAX);
@@ -768,14 +810,14 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
         rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
                                                                sm.k[cur], consumer_index);
-        release(&sm.k_empty[cur]);   // after a possible recompute of S from it
+        release_kv(&sm.k_empty[cur], cluster_size(p));   // after a possible recompute of S from it
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
         trace(consumer_index, ring, TR_SOFTMAX);
 
         wgmma_wait<0>();                 // P·V(j-1) done: its P registers are free
         fence_regs<D / 2>(o);
         trace(consumer_index, ring, TR_PV_DONE);
-        release(&sm.v_empty[prev]);
+        release_kv(&sm.v_empty[prev], cluster_size(p));
         if (UNDER_PV && rescale_o) rescale_output<D>(o, rescale);   // to block j's max
         probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
         trace(consumer_index, ring, TR_CONVERTED);
@@ -795,7 +837,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
-    release(&sm.v_empty[last]);
+    release_kv(&sm.v_empty[last], cluster_size(p));
     finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
@@ -805,14 +847,14 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // nothing, but keeps the barrier protocol of consumer_tile: the same waits
 // and releases of every ring slot and the same number of turns.
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void idle_consumer_tile(FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int consumer_index, int &ring,
-                                    uint32_t q_phase) {
+FA3C_DEVICE void idle_consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                                    int consumer_index, int &ring, uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
     release(&sm.q_empty);   // at once: the producer may load the next Q during this tile (FA3C_FWD_EARLY_Q)
-    for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring);
+    for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
-    if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false);
+    if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false, cluster_size(p));
 }
 
 // Rows whose every key is masked (or an empty key range): zeros and -inf.
@@ -846,7 +888,7 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
-            idle_consumer_tile<D, BLOCK_N, STAGES>(sm, t, consumer_index, ring, q_phase_of(q_uses++));
+            idle_consumer_tile<D, BLOCK_N, STAGES>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
             // Only rows with a last key (causal, window) can have leading
             // blocks masked for a whole warpgroup. The skipping code is a
@@ -874,28 +916,39 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
         if (p.out_tma) tma_prefetch_map(&p.o_map);
+        // K/V slots and o_free count the consumers of every CTA in the cluster.
+        const int cluster = cluster_size(p);
         mbar_init(&sm.q_full, 1);
-        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));   // one per consumer warp
-        mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D));               // one per consumer warpgroup
+        mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));             // one per consumer warp
+        mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D) * cluster);        // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&sm.k_full[s], 1);
             mbar_init(&sm.v_full[s], 1);
-            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D));
-            mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D));
+            mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
+            mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
         }
         fence_barrier_init();
     }
     __syncthreads();
+    if (cluster_size(p) > 1) cluster_sync();   // the other CTA's barriers are ready before any multicast
 
     // Warpgroup-uniform role, as setmaxnreg requires.
     int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
         reg_dealloc<FA3C_FWD_PRODUCER_REGS(D)>();
-        if (threadIdx.x == 0) producer<D, BLOCK_N, STAGES>(p, sm);
+        // In a cluster (p.cluster = 2) the producer is a copy of its own: a
+        // run-time branch per load spilled the 24-register producer.
+        if (threadIdx.x == 0) {
+            if (cluster_size(p) > 1) producer<D, BLOCK_N, STAGES, true>(p, sm);
+            else producer<D, BLOCK_N, STAGES, false>(p, sm);
+        }
     } else {
         reg_alloc<FA3C_FWD_CONSUMER_REGS(D)>();
         consumer<D, BLOCK_N, STAGES, FP16>(p, sm, warpgroup - 1);
     }
+    // The other CTA's producer writes into this CTA's smem and its consumers
+    // arrive on this CTA's barriers until both are done.
+    if (cluster_size(p) > 1) cluster_sync();
 }
 
 // Dynamic smem a launch needs (the +1024 lets the kernel align the base).

@@ -150,6 +150,20 @@
 #ifndef FA3C_FWD_EARLY_Q
 #define FA3C_FWD_EARLY_Q 1
 #endif
+/* 2: clusters of two CTAs share their K and V loads (TMA multicast): the
+ * two take neighbouring row blocks of one (batch, head), and each loads
+ * half of every K and V tile into both CTAs' smem, so the pair reads K and V
+ * from the L2 once instead of twice (fwd_sm90.cuh, load_kv_tile; ncu put
+ * hdim 256 non-causal 512 near the L2's bandwidth, run 43). Used where the
+ * row blocks pair up and walk the same key blocks: no mask or window, no
+ * split-KV, an even number of row blocks (fwd_plan.c). 1 (default): no
+ * clusters, and the code compiled out. Not yet measured on a GPU. */
+#ifndef FA3C_FWD_CLUSTER
+#define FA3C_FWD_CLUSTER 1
+#endif
+#if FA3C_FWD_CLUSTER != 1 && FA3C_FWD_CLUSTER != 2
+#error "FA3C_FWD_CLUSTER must be 1 or 2"
+#endif
 /* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
  * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
  * equal shares of key blocks, one per CTA, and a tile cut in two is merged

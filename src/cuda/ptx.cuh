@@ -121,6 +121,19 @@ FA3C_DEVICE void tma_load_5d(void *dst, const CUtensorMap *map, uint64_t *bar,
         : "memory");
 }
 
+// The same box into the same smem offset of every CTA of the cluster in
+// cta_mask (bit r: rank r); each of them counts the bytes landing in its
+// smem on its own barrier at bar's offset (PTX ISA 9.7.9.25, .multicast::cluster).
+FA3C_DEVICE void tma_load_4d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, uint16_t cta_mask,
+                                       int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%4, %5, %6, %7}], [%2], %3;"
+        ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)), "h"(cta_mask),
+          "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
 // Store a 4-D box from smem to global (bulk-group completion).
 FA3C_DEVICE void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3) {
     asm volatile(
@@ -286,6 +299,43 @@ FA3C_DEVICE void named_bar_sync(int id, int count) {
 // Arrive at `id` without waiting.
 FA3C_DEVICE void named_bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---- thread-block clusters (PTX ISA: barrier.cluster, mapa) --------------------
+
+// This CTA's rank in its cluster, the CTAs per cluster, and the cluster's
+// index and count along x in the grid (special registers: nothing is held).
+#define FA3C_SPECIAL_REG(name, reg)                                 \
+    FA3C_DEVICE uint32_t name(void) {                               \
+        uint32_t v;                                                 \
+        asm volatile("mov.u32 %0, %%" reg ";" : "=r"(v));          \
+        return v;                                                   \
+    }
+FA3C_SPECIAL_REG(cluster_cta_rank, "cluster_ctarank")
+FA3C_SPECIAL_REG(cluster_cta_count, "cluster_nctarank")
+FA3C_SPECIAL_REG(cluster_id_x, "clusterid.x")
+FA3C_SPECIAL_REG(cluster_count_x, "nclusterid.x")
+#undef FA3C_SPECIAL_REG
+
+// Every thread of the cluster that has not exited arrives and waits for the
+// others; the CTAs' earlier smem writes (barrier inits) are visible after it.
+// A CTA whose smem or barriers another CTA may still use must not exit before.
+FA3C_DEVICE void cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// Arrive once on the mbarrier at bar's smem offset in the cluster's CTA of
+// rank `cta` (this one included). The default .release.cta semantics: the
+// consumers only signal that their reads of a slot (wgmma, waited for) are
+// done; .release.cluster would put a GPU-wide memory barrier before every
+// arrival (MEMBAR.ALL.GPU in the SASS).
+FA3C_DEVICE void mbar_arrive_cluster(uint64_t *bar, uint32_t cta) {
+    asm volatile(
+        "{\n .reg .b32 remote;\n"
+        " mapa.shared::cluster.u32 remote, %0, %1;\n"
+        " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
+        ::"r"(smem_addr(bar)), "r"(cta)
+        : "memory");
 }
 
 // ---- flags between CTAs (stream_k.cuh) ------------------------------------------

@@ -115,16 +115,35 @@ FA3C_HOST_DEVICE FwdTile warpgroup_part(const fa3c_fwd_kernel_params &p, const F
 FA3C_HOST_DEVICE bool block_needs_mask(const FwdTile &t, int n) { return n < t.u_begin || n >= t.u_end; }
 
 // Which CTA of how many: read from the hardware in the kernel (only where
-// needed), given by a host test.
+// needed), given by a host test. With clusters (p.cluster = 2) the tiles are
+// dealt out to clusters as they are to CTAs without: "CTA" is then the
+// cluster. (Builds with clusters launch with a cluster size even when it is
+// 1, so the cluster registers are always defined.)
 struct KernelCta {
-    __device__ __forceinline__ int grid() const { return (int)gridDim.x; }
-    __device__ __forceinline__ int index() const { return (int)blockIdx.x; }
+    __device__ __forceinline__ int grid() const {
+        return FA3C_FWD_CLUSTER > 1 ? (int)cluster_count_x() : (int)gridDim.x;
+    }
+    __device__ __forceinline__ int index() const {
+        return FA3C_FWD_CLUSTER > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
+    }
 };
 struct HostCta {
     int grid_size, cta_index;
     __host__ __device__ __forceinline__ int grid() const { return grid_size; }
     __host__ __device__ __forceinline__ int index() const { return cta_index; }
 };
+
+// What the CTA of rank `rank` in a cluster of `cluster` CTAs computes of
+// tile number `tile`: the tile itself (cluster 1), or (p.cluster = 2,
+// fwd_params.h) its block_m rows of the cluster tile of 2 block_m rows. The
+// plan uses clusters only without a mask or window, so both halves walk the
+// same key blocks.
+FA3C_HOST_DEVICE FwdTile cta_tile_at(const fa3c_fwd_kernel_params &p, int tile, int cluster, int rank, int block_m,
+                                     int block_n) {
+    FwdTile t = tile_at(p, tile, block_m * cluster, block_n);
+    t.m0 += rank * block_m;
+    return t;
+}
 
 // What tile_of_step returns instead of a tile number.
 enum { NO_MORE_TILES = -1, SKIP_STEP = -2 };

@@ -470,6 +470,31 @@ TEST(fwd_o_staged_in_v_many_tiles) {
     run_case("hdim256 register stores", c);
 }
 
+TEST(fwd_cluster_pairs) {
+    REQUIRE_SM90();
+    // Shapes that a build with clusters (-DFA3C_FWD_CLUSTER=2) runs in pairs
+    // of CTAs sharing their K/V loads: no mask, no split-KV, an even number of
+    // row blocks (fwd_plan.c). Without clusters they are plain forward cases.
+    printf("FA3C_FWD_CLUSTER=%d\n", FA3C_FWD_CLUSTER);
+    const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d; float softcap; const char *what; } shapes[] = {
+        {BF16, 2, 512, 512, 40, 40, 128, 0.f, "hdim128, more cluster tiles than clusters"},
+        {BF16, 1, 1000, 777, 3, 3, 128, 0.f, "hdim128, ragged keys"},
+        {BF16, 1, 130, 300, 2, 2, 128, 0.f, "hdim128, rank 1's second warpgroup idle"},
+        {FP16, 2, 384, 600, 12, 2, 64, 20.f, "hdim64 (384-row pairs), GQA 6:1, softcap"},
+        {BF16, 1, 256, 333, 4, 4, 96, 0.f, "hdim96 (64-byte swizzle, register stores)"},
+        {BF16, 1, 256, 500, 4, 4, 192, 0.f, "hdim192 (O staged in the V ring)"},
+        {FP16, 1, 512, 300, 64, 8, 256, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
+        {BF16, 1, 256, 50, 40, 40, 256, 0.f, "hdim256, one key block per tile"},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        fwd_case c = base_case(shapes[i].dt, shapes[i].b, shapes[i].sq, shapes[i].sk, shapes[i].hq, shapes[i].d);
+        c.heads_kv = shapes[i].hkv;
+        c.softcap = shapes[i].softcap;
+        c.num_splits = 1;
+        run_case(shapes[i].what, c);
+    }
+}
+
 TEST(fwd_long_noncausal) {
     REQUIRE_SM90();
     // seqlen_k >= 2048, non-causal: a partial last key block (2500 keys), GQA

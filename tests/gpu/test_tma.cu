@@ -1,6 +1,8 @@
 // Steps 2 and 3 of the GPU build-up: a TMA round trip (global -> swizzled smem,
 // checked against the swizzle model, zero fill past the sequence end) and an
-// mbarrier ring (one producer thread, a consumer warpgroup, many wraps).
+// mbarrier ring (one producer thread, a consumer warpgroup, many wraps); and
+// the same ring shared by a cluster of two CTAs through TMA multicast, as
+// the forward kernel's K/V ring runs with FA3C_FWD_CLUSTER = 2.
 #include "gpu_util.cuh"
 #include "../../src/cuda/ptx.cuh"
 #include "../../src/cuda/tensor_map.h"
@@ -24,6 +26,23 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap map, in
     }
     mbar_wait_parity(&full, 0);
     for (int i = threadIdx.x; i < BOX_BYTES; i += blockDim.x) out[i] = tile[i];
+}
+
+// A consumer warp's sum of a 128-row box of bf16 in smem (all lanes get it).
+__device__ float warp_box_sum(const uint8_t *box) {
+    const __nv_bfloat16 *t = (const __nv_bfloat16 *)box;
+    float acc = 0;
+    for (int e = threadIdx.x % 128; e < BOX_BYTES / 2; e += 128) acc += __bfloat162float(t[e]);
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
+    return acc;
+}
+
+// The consumer warpgroup's four warp sums added into *dst (by thread 0).
+__device__ void store_warpgroup_sum(float warp_sum, float *partial, float *dst) {
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = warp_sum;
+    named_bar_sync(1, 128);
+    if (threadIdx.x == 0) *dst = partial[0] + partial[1] + partial[2] + partial[3];
+    named_bar_sync(1, 128);
 }
 
 // Ring of STAGES: the producer streams `ntiles` boxes (rows 128*i of one
@@ -57,17 +76,58 @@ __global__ void mbarrier_ring_kernel(const __grid_constant__ CUtensorMap map, in
     for (int i = 0; i < ntiles; i++) {
         int s = i % STAGES;
         mbar_wait_parity(&full[s], (i / STAGES) & 1);
-        const __nv_bfloat16 *t = (const __nv_bfloat16 *)(tiles + s * BOX_BYTES);
-        float acc = 0;
-        for (int e = threadIdx.x; e < BOX_BYTES / 2; e += 128) acc += __bfloat162float(t[e]);
-        for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
-        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
-        __syncwarp();
+        float acc = warp_box_sum(tiles + s * BOX_BYTES);
         if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
-        named_bar_sync(1, 128);
-        if (threadIdx.x == 0) sums[i] = partial[0] + partial[1] + partial[2] + partial[3];
-        named_bar_sync(1, 128);
+        store_warpgroup_sum(acc, partial, &sums[i]);
     }
+}
+
+// The ring of mbarrier_ring_kernel in a cluster of two CTAs: each CTA's
+// producer loads half of every box (64 of its 128 rows) into the same stage
+// of both CTAs (multicast), so a stage's full barrier counts both halves'
+// bytes, and each consumer warp releases the stage in both CTAs (lane r on
+// rank r's empty barrier, 8 arrivals per phase). Both CTAs sum every tile;
+// each also copies out its stage of tile 0 (swizzle check).
+template <int STAGES>
+__global__ void __cluster_dims__(2, 1, 1)
+    multicast_ring_kernel(const __grid_constant__ CUtensorMap half_map, int ntiles, int seqlen, float *sums,
+                          uint8_t *tile0) {
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *tiles = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    __shared__ float partial[4];
+    const uint32_t rank = cluster_cta_rank();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 8);   // one arrival per consumer warp of both CTAs
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    cluster_sync();   // both CTAs' barriers exist before either multicasts
+    if (threadIdx.x >= 128) {
+        if (threadIdx.x == 128) {
+            for (int i = 0; i < ntiles; i++) {
+                int s = i % STAGES;
+                mbar_wait_parity(&empty[s], ((i / STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(&full[s], BOX_BYTES);   // both halves land here
+                tma_load_4d_multicast(tiles + s * BOX_BYTES + rank * (BOX_BYTES / 2), &half_map, &full[s], 0x3, 0,
+                                      (i * ROWS) % seqlen + (int)rank * (ROWS / 2), 0, 0);
+            }
+        }
+    } else {
+        for (int i = 0; i < ntiles; i++) {
+            int s = i % STAGES;
+            mbar_wait_parity(&full[s], (i / STAGES) & 1);
+            if (i == 0)
+                for (int e = threadIdx.x; e < BOX_BYTES; e += 128) tile0[rank * BOX_BYTES + e] = tiles[s * BOX_BYTES + e];
+            float acc = warp_box_sum(tiles + s * BOX_BYTES);
+            if (threadIdx.x % 32 < 2) mbar_arrive_cluster(&empty[s], threadIdx.x % 32);
+            store_warpgroup_sum(acc, partial, &sums[rank * ntiles + i]);
+        }
+    }
+    cluster_sync();   // the other CTA may still write into this one's smem and barriers
 }
 
 // A (batch 2, seqlen 200, heads 3, headdim 128) bf16 tensor with row padding.
@@ -79,6 +139,23 @@ static void make_tensor(__nv_bfloat16 *h, fa3c_tensor *t) {
     t->stride[1] = ROW_PITCH;          // padded: heads*D + 8 elements per token
     t->stride[0] = (int64_t)S * ROW_PITCH;
     for (size_t i = 0; i < (size_t)B * S * ROW_PITCH; i++) h[i] = __float2bfloat16(gpu_randn());
+}
+
+// Tiles of `sums` that differ from what the ring kernels should sum for
+// tile i: rows (i * ROWS) % S.. of head 0, batch 0, columns 0-63 (zeros
+// past S). Prints the first few.
+static int wrong_ring_sums(const __nv_bfloat16 *h, const fa3c_tensor *t, const float *sums, int ntiles,
+                           const char *who) {
+    int bad = 0;
+    for (int i = 0; i < ntiles; i++) {
+        int row0 = (i * ROWS) % S;
+        double want = 0;
+        for (int r = row0; r < row0 + ROWS && r < S; r++)
+            for (int c = 0; c < 64; c++) want += __bfloat162float(h[r * t->stride[1] + c]);
+        if (!(fabs(want - sums[i]) < 1e-2 * (1 + fabs(want))) && bad++ < 5)
+            printf("%s tile %d: got %g want %g\n", who, i, sums[i], want);
+    }
+    return bad;
 }
 
 TEST(tma_roundtrip_swizzle_and_zero_fill) {
@@ -139,17 +216,71 @@ TEST(mbarrier_ring_3_stages_100_tiles) {
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(sums, dsums, sizeof sums, cudaMemcpyDeviceToHost));
-    int bad = 0;
-    for (int i = 0; i < NT; i++) {
-        int row0 = (i * ROWS) % S;
-        double want = 0;
-        for (int r = row0; r < row0 + ROWS && r < S; r++)
-            for (int c = 0; c < 64; c++) want += __bfloat162float(h[r * t.stride[1] + c]);
-        if (!(fabs(want - sums[i]) < 1e-2 * (1 + fabs(want))) && bad++ < 5)
-            printf("tile %d: got %g want %g\n", i, sums[i], want);
-    }
+    int bad = wrong_ring_sums(h, &t, sums, NT, "ring");
     CHECK(bad == 0, "%d of %d tiles summed wrong", bad, NT);
     free(h); cudaFree(d); cudaFree(dsums);
+}
+
+TEST(tma_multicast_ring_cluster_of_2) {
+    REQUIRE_SM90();
+    gpu_rng_seed(13);
+    size_t n = (size_t)B * S * ROW_PITCH;
+    __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2), *d;
+    fa3c_tensor t;
+    make_tensor(h, &t);
+    enum { NT = 100, STAGES = 2 };
+    float sums[2 * NT], *dsums;
+    static uint8_t tile0[2 * BOX_BYTES];
+    uint8_t *dtile0;
+    CUDA_OK(cudaMalloc(&d, n * 2));
+    CUDA_OK(cudaMalloc(&dsums, sizeof sums));
+    CUDA_OK(cudaMalloc(&dtile0, sizeof tile0));
+    CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dsums, 0xFF, sizeof sums));
+    CUDA_OK(cudaMemset(dtile0, 0xFF, sizeof tile0));
+    t.data = d;
+    CUtensorMap map;   // boxes of half a tile: 64 columns x 64 rows
+    CHECK(fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS / 2) == FA3C_STATUS_OK, "%s", fa3c_last_error());
+    int smem = STAGES * BOX_BYTES + 1024;
+    CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // For the logs: how many clusters of two CTAs with the forward kernel's
+    // smem (one CTA per SM) fit on this GPU at once.
+    {
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDim = dim3(2);
+        cfg.blockDim = dim3(256);
+        cfg.dynamicSmemBytes = smem;
+        int fit = 0, sms = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+        CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     200 * 1024));
+        cfg.dynamicSmemBytes = 200 * 1024;
+        if (cudaOccupancyMaxActiveClusters(&fit, multicast_ring_kernel<STAGES>, &cfg) == cudaSuccess)
+            printf("clusters of 2 CTAs with 200 KB smem resident at once: %d (%d SMs)\n", fit, sms);
+        cudaGetLastError();
+    }
+    multicast_ring_kernel<STAGES><<<2, 256, smem>>>(map, NT, S, dsums, dtile0);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(sums, dsums, sizeof sums, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(tile0, dtile0, sizeof tile0, cudaMemcpyDeviceToHost));
+    int bad = wrong_ring_sums(h, &t, sums, NT, "rank 0") + wrong_ring_sums(h, &t, sums + NT, NT, "rank 1");
+    CHECK(bad == 0, "%d of %d tile sums wrong", bad, 2 * NT);
+    // Tile 0 in both CTAs: rows 0-63 from rank 0's load, 64-127 from rank 1's,
+    // each in place under the swizzle of one 128-row box.
+    bad = 0;
+    for (int rank = 0; rank < 2; rank++)
+        for (int r = 0; r < ROWS; r++)
+            for (int c = 0; c < 64; c++) {
+                uint16_t got, want;
+                memcpy(&got, tile0 + rank * BOX_BYTES + sw128_offset(ROWS, r, c), 2);
+                __nv_bfloat16 v = h[r * t.stride[1] + c];
+                memcpy(&want, &v, 2);
+                if (got != want && bad++ < 5) printf("rank %d row %d col %d: got %04x want %04x\n", rank, r, c, got, want);
+            }
+    CHECK(bad == 0, "%d elements of tile 0 differ from the swizzle model", bad);
+    free(h); cudaFree(d); cudaFree(dsums); cudaFree(dtile0);
 }
 
 TEST_MAIN()
