@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Clusters of two CTAs sharing K/V loads by TMA multicast (off by default:
-# src/cuda/fwd_tiles.h, FA3C_FWD_CLUSTER) on the Hopper machine: a test
-# build with them on (hang traps), the multicast step test (test_tma), the
-# scheduler's host checks, the whole forward suite (fwd_cluster_pairs runs
-# the shapes that pair up; every case twice, bit-identical) and
+# src/cuda/fwd_tiles.h, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED) on the
+# Hopper machine: a test build with them on, under masks too (hang traps),
+# the multicast step test (test_tma), the scheduler's host checks, the
+# whole forward suite (fwd_cluster_pairs runs the shapes that pair up; every
+# case twice, bit-identical) and
 # compute-sanitizer memcheck and racecheck on the paired shapes. Logs to
 # $OUT/cluster; a short summary is printed last. Time it against the default
-# build with tools/gpu_tune.sh "base:" "cluster:-DFA3C_FWD_CLUSTER=2".
+# build with tools/gpu_tune.sh "base:" "cluster:-DFA3C_FWD_CLUSTER=2"
+# "cluster_masked:-DFA3C_FWD_CLUSTER=2 -DFA3C_FWD_CLUSTER_MASKED=1".
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 L="$OUT/cluster"
 mkdir -p "$L"
 B=build-gpu-cluster
-flags="-DFA3C_FWD_CLUSTER=2"
+flags="-DFA3C_FWD_CLUSTER=2 -DFA3C_FWD_CLUSTER_MASKED=1"
 timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON \
   "-DFA3C_INSTANCES=bf16_hdim64;fp16_hdim64;bf16_hdim96;bf16_hdim128;fp16_hdim128;bf16_hdim192;bf16_hdim256;fp16_hdim256;bf16_hdim256_n64" \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build.log" 2>&1 &&

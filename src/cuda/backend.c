@@ -66,7 +66,7 @@ static const fwd_instance fwd_instances[] = {
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
-    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER};
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED};
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||

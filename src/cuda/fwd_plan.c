@@ -135,10 +135,13 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: more than 2^31 tiles of %d query rows",
                           facts->block_m);
     /* Clusters of two CTAs that share their K/V loads (fwd_params.h): where
-     * the row blocks of every (batch, group) pair up and both halves of a pair
-     * walk the same key blocks (no mask or window, no split-KV). From here on
-     * tiles are cluster tiles, dealt out to clusters. */
-    k->cluster = facts->cluster > 1 && k->window_left < 0 && k->window_right < 0 && k->num_splits == 1 &&
+     * the row blocks of every (batch, group) pair up, without split-KV, and
+     * without a mask or window (both halves of a pair walk the same key
+     * blocks) unless facts->cluster_masked (the pair walks the blocks of both
+     * halves, each warpgroup skipping those masked for all its rows). From
+     * here on tiles are cluster tiles, dealt out to clusters. */
+    int unmasked = k->window_left < 0 && k->window_right < 0;
+    k->cluster = facts->cluster > 1 && (unmasked || facts->cluster_masked) && k->num_splits == 1 &&
                          k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;

@@ -21,6 +21,8 @@ typedef struct fa3c_fwd_plan_facts {
     int block_n;    /* keys per block */
     int cluster;    /* the most CTAs per cluster the instance can run: 2 with
                        FA3C_FWD_CLUSTER = 2, else 1 (0 is taken as 1) */
+    int cluster_masked;   /* 1: clusters under a mask or window too
+                             (FA3C_FWD_CLUSTER_MASKED) */
 } fa3c_fwd_plan_facts;
 
 /* The GQA pack the plan would use: heads_q / heads_kv when packing the

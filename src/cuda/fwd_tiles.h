@@ -164,6 +164,15 @@
 #if FA3C_FWD_CLUSTER != 1 && FA3C_FWD_CLUSTER != 2
 #error "FA3C_FWD_CLUSTER must be 1 or 2"
 #endif
+/* With FA3C_FWD_CLUSTER = 2: 1 pairs row blocks under a causal mask or
+ * window too. A cluster tile then walks the key blocks of its 2 BLOCK_M
+ * rows, and each warpgroup skips the leading blocks masked for all its rows,
+ * as in any tile (warpgroup_part): under a causal mask rank 0 skips the one
+ * diagonal block that only rank 1 needs. 0 (default): clusters only without
+ * a mask or window. Not yet measured on a GPU. */
+#ifndef FA3C_FWD_CLUSTER_MASKED
+#define FA3C_FWD_CLUSTER_MASKED 0
+#endif
 /* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
  * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
  * equal shares of key blocks, one per CTA, and a tile cut in two is merged

@@ -135,9 +135,11 @@ struct HostCta {
 
 // What the CTA of rank `rank` in a cluster of `cluster` CTAs computes of
 // tile number `tile`: the tile itself (cluster 1), or (p.cluster = 2,
-// fwd_params.h) its block_m rows of the cluster tile of 2 block_m rows. The
-// plan uses clusters only without a mask or window, so both halves walk the
-// same key blocks.
+// fwd_params.h) its block_m rows of the cluster tile of 2 block_m rows. Both
+// halves walk the key blocks of the whole cluster tile, its unmasked range
+// included (they share every K/V load); without a mask or window those are
+// each half's own, and under one (FA3C_FWD_CLUSTER_MASKED) each warpgroup
+// skips the blocks masked for all its rows (warpgroup_part).
 FA3C_HOST_DEVICE FwdTile cta_tile_at(const fa3c_fwd_kernel_params &p, int tile, int cluster, int rank, int block_m,
                                      int block_n) {
     FwdTile t = tile_at(p, tile, block_m * cluster, block_n);

@@ -475,7 +475,7 @@ TEST(fwd_cluster_pairs) {
     // Shapes that a build with clusters (-DFA3C_FWD_CLUSTER=2) runs in pairs
     // of CTAs sharing their K/V loads: no mask, no split-KV, an even number of
     // row blocks (fwd_plan.c). Without clusters they are plain forward cases.
-    printf("FA3C_FWD_CLUSTER=%d\n", FA3C_FWD_CLUSTER);
+    printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_MASKED=%d\n", FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED);
     const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d; float softcap; const char *what; } shapes[] = {
         {BF16, 2, 512, 512, 40, 40, 128, 0.f, "hdim128, more cluster tiles than clusters"},
         {BF16, 1, 1000, 777, 3, 3, 128, 0.f, "hdim128, ragged keys"},
@@ -492,6 +492,27 @@ TEST(fwd_cluster_pairs) {
         c.softcap = shapes[i].softcap;
         c.num_splits = 1;
         run_case(shapes[i].what, c);
+    }
+    // Under a mask (paired with -DFA3C_FWD_CLUSTER_MASKED=1 too): rank 0
+    // skips the diagonal block only rank 1 needs; rows that see no key (sq >
+    // sk); the partial tile's idle warpgroup above row 0 (m_shift, sq 130);
+    // a sliding window; GQA.
+    const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d, causal, left, right; const char *what; } masked[] = {
+        {BF16, 2, 512, 512, 40, 40, 128, 1, -1, -1, "causal hdim128, several tiles per cluster"},
+        {BF16, 1, 512, 200, 4, 4, 128, 1, -1, -1, "causal sq > sk: rows without keys"},
+        {FP16, 1, 130, 130, 4, 2, 128, 1, -1, -1, "causal, idle warpgroup above row 0, GQA"},
+        {BF16, 1, 384, 500, 6, 6, 64, 1, -1, -1, "causal hdim64 (384-row pairs)"},
+        {BF16, 1, 512, 512, 8, 8, 256, 0, 100, 20, "window (100, 20) hdim256"},
+        {BF16, 1, 256, 600, 4, 4, 192, 0, 150, -1, "left window only hdim192"},
+    };
+    for (size_t i = 0; i < sizeof masked / sizeof masked[0]; i++) {
+        fwd_case c = base_case(masked[i].dt, masked[i].b, masked[i].sq, masked[i].sk, masked[i].hq, masked[i].d);
+        c.heads_kv = masked[i].hkv;
+        c.causal = masked[i].causal;
+        c.window_left = masked[i].left;
+        c.window_right = masked[i].right;
+        c.num_splits = 1;
+        run_case(masked[i].what, c);
     }
 }
 

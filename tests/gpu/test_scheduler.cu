@@ -266,29 +266,32 @@ TEST(scheduler_random_plans) {
 }
 
 // The plan with clusters of two CTAs (fwd_params.h; FA3C_FWD_CLUSTER = 2
-// builds): used exactly where the row blocks pair up and walk the same key
-// blocks (no mask or window, no split-KV, an even number of row blocks), and
-// then the clusters' steps give both CTAs of a cluster the same (batch, KV
-// head) and key blocks, neighbouring row blocks, and every row block of every
-// (batch, group) once. Returns 0 when something is wrong, else the cluster size.
-static int check_cluster_plan(const plan_case *c) {
+// builds), without (masked = 0) or also with (FA3C_FWD_CLUSTER_MASKED)
+// masks: used exactly where the row blocks pair up (an even number of them,
+// no split-KV, and no mask or window unless masked), and then the clusters'
+// steps give both CTAs of a cluster the same (batch, KV head) and key
+// blocks, neighbouring row blocks, every row block of every (batch, group)
+// once, key blocks holding every key each row sees, and unmasked blocks
+// that mask no key of any row. Without a mask the blocks are each half's
+// own. Returns 0 when something is wrong, else the cluster size.
+static int check_cluster_plan(const plan_case *c, int masked) {
     const fa3c_problem *pr = &c->pr;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2};
+    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
     int pack = fa3c_fwd_plan_pack(pr, c->block_m);
     char what[200];
-    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d",
+    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d",
              pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
-             pr->window_left, pr->window_right, c->num_splits, c->sms);
+             pr->window_left, pr->window_right, c->num_splits, c->sms, masked);
     int ok = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts) == FA3C_STATUS_OK;
     CHECK(ok, "%s: plan failed", what);
     if (!ok) return 0;
     const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
-    const int can = !pr->causal && pr->window_left < 0 && pr->window_right < 0 && p.num_splits == 1 && blocks % 2 == 0;
+    const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
+    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0;
     ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
-         (p.cluster == 1 || (p.tail_units == 0 && p.m_shift == 0)) &&
-         (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
+         (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
     CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
           p.num_m_blocks, c->block_m * p.cluster, p.grid);
     if (!ok || p.cluster == 1) return ok;
@@ -298,24 +301,38 @@ static int check_cluster_plan(const plan_case *c) {
         for (int step = 0; ok; step++) {
             int tile = tile_of_step(p, step, HostCta{clusters, cl});
             if (tile == NO_MORE_TILES) break;
+            if (tile == SKIP_STEP) continue;
             ok = tile >= 0 && tile < p.num_tiles;
             CHECK(ok, "%s: cluster %d step %d: tile %d of %d", what, cl, step, tile, p.num_tiles);
             if (!ok) break;
-            FwdTile a = cta_tile_at(p, tile, 2, 0, c->block_m, c->block_n);
-            FwdTile b = cta_tile_at(p, tile, 2, 1, c->block_m, c->block_n);
-            int begin, end, ubegin, uend;
-            key_block_range(p, b.m0, c->block_m, c->block_n, begin, end);
-            unmasked_block_range(p, b.m0, c->block_m, c->block_n, ubegin, uend);
+            FwdTile r[2] = {cta_tile_at(p, tile, 2, 0, c->block_m, c->block_n),
+                            cta_tile_at(p, tile, 2, 1, c->block_m, c->block_n)};
+            const FwdTile &a = r[0], &b = r[1];
             ok = a.batch == b.batch && a.head_kv == b.head_kv && a.group == b.group && a.split == 0 &&
                  b.split == 0 && a.n_begin == b.n_begin && a.n_end == b.n_end && a.u_begin == b.u_begin &&
-                 a.u_end == b.u_end && b.m0 == a.m0 + c->block_m && a.m0 % (2 * c->block_m) == 0 &&
-                 b.m0 < p.rows && begin == b.n_begin && end == b.n_end && ubegin == b.u_begin && uend == b.u_end;
+                 a.u_end == b.u_end && b.m0 == a.m0 + c->block_m && (a.m0 + p.m_shift) % (2 * c->block_m) == 0 &&
+                 b.m0 < p.rows && b.m0 >= 0;
             CHECK(ok, "%s: cluster %d step %d: ranks at (b %d, kv %d, m0 %d, blocks [%d, %d)) and (b %d, kv %d, m0 %d, "
                   "blocks [%d, %d))", what, cl, step, a.batch, a.head_kv, a.m0, a.n_begin, a.n_end, b.batch, b.head_kv,
                   b.m0, b.n_begin, b.n_end);
-            if (ok) {
-                visits[(size_t)(a.batch * p.groups + a.group) * blocks + a.m0 / c->block_m]++;
-                visits[(size_t)(b.batch * p.groups + b.group) * blocks + b.m0 / c->block_m]++;
+            for (int k = 0; k < 2 && ok; k++) {
+                const FwdTile &t = r[k];
+                int begin, end;
+                key_block_range(p, t.m0, c->block_m, c->block_n, begin, end);
+                ok = unmasked ? begin == t.n_begin && end == t.n_end
+                              : t.m0 + c->block_m <= 0 || begin >= end || (begin >= t.n_begin && end <= t.n_end);
+                CHECK(ok, "%s: rank %d at m0 %d needs blocks [%d, %d), walks [%d, %d)", what, k, t.m0, begin, end,
+                      t.n_begin, t.n_end);
+                for (int row = first_row(t.m0); row <= last_row(p, t.m0, c->block_m) && ok; row++) {
+                    int lo, hi;
+                    key_range(p, row, lo, hi);
+                    if (lo > hi) continue;
+                    int bad = masked_block_in(t.u_begin, t.u_end, lo, hi, c->block_n);
+                    ok = lo / c->block_n >= t.n_begin && hi / c->block_n < t.n_end && bad < 0;
+                    CHECK(ok, "%s: rank %d row %d keys [%d, %d]: blocks [%d, %d), unmasked [%d, %d)", what, k, row, lo,
+                          hi, t.n_begin, t.n_end, t.u_begin, t.u_end);
+                }
+                if (ok) visits[(size_t)(t.batch * p.groups + t.group) * blocks + (t.m0 + p.m_shift) / c->block_m]++;
             }
         }
     for (int i = 0; i < pairs * blocks && ok; i++) {
@@ -401,7 +418,7 @@ TEST(scheduler_stream_k_tail) {
 }
 
 TEST(scheduler_cluster_pairs) {
-    int paired = 0;
+    int paired = 0, paired_masked = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
         if (i % 2) {   // half of them without a mask or split-KV, where clusters may apply
@@ -409,25 +426,29 @@ TEST(scheduler_cluster_pairs) {
             c.pr.window_left = c.pr.window_right = -1;
             c.num_splits = 1;
         }
-        int cluster = check_cluster_plan(&c);
+        int cluster = check_cluster_plan(&c, 0);
         if (!cluster) return;
         paired += cluster == 2;
+        cluster = check_cluster_plan(&c, 1);   // FA3C_FWD_CLUSTER_MASKED
+        if (!cluster) return;
+        paired_masked += cluster == 2 && i % 2 == 0;
     }
-    CHECK(paired >= 300, "only %d of 3000 random plans used clusters", paired);
+    CHECK(paired >= 300 && paired_masked >= 100, "only %d of 3000 random plans used clusters (%d of the masked half "
+          "with FA3C_FWD_CLUSTER_MASKED)", paired, paired_masked);
     // The grid's shapes without a mask: hdim 128 at 512 (4 row blocks per
     // head) pairs up; 1024 cluster tiles on 66 clusters.
     plan_case c = fixed_case(128, 32, 16, 16, 512, 512, 132);
     c.num_splits = 1;
-    CHECK(check_cluster_plan(&c) == 2, "hdim 128, 512");
+    CHECK(check_cluster_plan(&c, 0) == 2, "hdim 128, 512");
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2};
+    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 0};
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 2 && p.num_tiles == 1024 &&
               p.grid == 132,
           "hdim 128, 512: cluster %d, %d tiles, grid %d (want 2, 1024, 132)", p.cluster, p.num_tiles, p.grid);
     // hdim 64 at 512: 3 row blocks of 192, which do not pair.
     c = fixed_case(64, 32, 32, 32, 512, 512, 132);
-    fa3c_fwd_plan_facts facts64 = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2};
+    fa3c_fwd_plan_facts facts64 = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 0};
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts64) == FA3C_STATUS_OK && p.cluster == 1,
           "hdim 64, 512: cluster %d", p.cluster);
 }
