@@ -40,6 +40,9 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p);
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */
 int fa3c_cuda_fwd_block_n(const fa3c_problem *pr);
+/* CTAs per cluster of the last forward kernel launched by this process (1
+ * or 2, FA3C_FWD_CLUSTER); 0 before any (for tests that clusters ran). */
+int fa3c_cuda_fwd_last_cluster(void);
 
 #ifdef __cplusplus
 }

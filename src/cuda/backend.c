@@ -96,6 +96,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
     return in ? in->block_n : 0;
 }
 
+static int last_cluster;   /* written by each forward launch; read by tests only */
+int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
+
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -248,6 +251,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     } else {
         k.score_log2 = pr->softmax_scale * log2e;
     }
+    last_cluster = k.cluster;
     if (k.num_splits == 1) {
         void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);
         s = inst->launch(&k, stream);

@@ -54,17 +54,24 @@ static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t sm
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    static int pairs_that_fit = -1;   // clusters of 2 resident at once; 0: unknown
-    if (FA3C_FWD_PERSISTENT && p->cluster == 2) {
-        if (pairs_that_fit < 0) {
+    // Clusters of 2 resident at once, asked once per device (0: unknown).
+    // Racing threads would store the same values.
+    enum { DEVICES = 64 };
+    static int pairs_that_fit[DEVICES];
+    static int asked[DEVICES];
+    int dev = 0;
+    if (FA3C_FWD_PERSISTENT && p->cluster == 2 && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < DEVICES) {
+        if (!asked[dev]) {
             int fit = 0;
             if (cudaOccupancyMaxActiveClusters(&fit, fwd_kernel<D, BLOCK_N, FP16>, &cfg) != cudaSuccess) {
                 cudaGetLastError();
                 fit = 0;
             }
-            pairs_that_fit = fit;
+            pairs_that_fit[dev] = fit;
+            asked[dev] = 1;
         }
-        if (pairs_that_fit > 0 && 2 * pairs_that_fit < p->grid) cfg.gridDim = dim3(2u * (unsigned)pairs_that_fit);
+        if (pairs_that_fit[dev] > 0 && 2 * pairs_that_fit[dev] < p->grid)
+            cfg.gridDim = dim3(2u * (unsigned)pairs_that_fit[dev]);
     }
     return cudaLaunchKernelEx(&cfg, fwd_kernel<D, BLOCK_N, FP16>, *p);
 }
@@ -77,6 +84,11 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
     // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
+    // The plan (C, backend.c) and the kernel (CUDA) must agree on clusters:
+    // a pairing plan on an unpaired kernel would wait for half-loaded tiles.
+    if (p->cluster > FA3C_FWD_CLUSTER)
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
+                          "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
     trace_clear(stream);
     if (FA3C_FWD_CLUSTER > 1) {
         e = launch_in_clusters<D, BLOCK_N, FP16>(p, smem, stream);

@@ -459,8 +459,9 @@ FA3C_DEVICE void wait_v_ring_read(uint64_t *v_empty, int ring, int consumer_inde
 FA3C_DEVICE void release_o_staging(uint64_t *o_free, bool staged, int cluster) {
     if (threadIdx.x % 128 == 0) {
         if (staged) tma_store_wait_read();
-        if (FA3C_FWD_CLUSTER > 1 && cluster > 1) {
-            for (int r = 0; r < cluster; r++) mbar_arrive_cluster(o_free, (uint32_t)r);
+        if (FA3C_FWD_CLUSTER > 1 && cluster > 1) {   // clusters of 2
+            mbar_arrive_cluster(o_free, 0);
+            mbar_arrive_cluster(o_free, 1);
         } else {
             mbar_arrive(o_free);
         }

@@ -8,6 +8,7 @@
 #include "testutil.h"
 #include "cpu/cpu.h"
 #include "cuda/fwd_tiles.h"
+#include "backend.h"
 
 typedef struct {
     fa3c_dtype dtype;
@@ -485,6 +486,12 @@ TEST(fwd_cluster_pairs) {
         {BF16, 1, 256, 500, 4, 4, 192, 0.f, "hdim192 (O staged in the V ring)"},
         {FP16, 1, 512, 300, 64, 8, 256, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
         {BF16, 1, 256, 50, 40, 40, 256, 0.f, "hdim256, one key block per tile"},
+        // O staged in the V ring across several tiles per cluster: with one key
+        // block per tile warpgroup 0 stages in the previous tile's slot; an
+        // idle warpgroup in every rank-1 tile; hdim 192.
+        {BF16, 2, 256, 50, 80, 80, 256, 0.f, "hdim256, one key block per tile, several tiles per cluster"},
+        {BF16, 2, 130, 300, 80, 80, 256, 0.f, "hdim256, idle warpgroup, several tiles per cluster"},
+        {BF16, 1, 256, 400, 80, 80, 192, 0.f, "hdim192, several tiles per cluster"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         fwd_case c = base_case(shapes[i].dt, shapes[i].b, shapes[i].sq, shapes[i].sk, shapes[i].hq, shapes[i].d);
@@ -492,6 +499,8 @@ TEST(fwd_cluster_pairs) {
         c.softcap = shapes[i].softcap;
         c.num_splits = 1;
         run_case(shapes[i].what, c);
+        CHECK(fa3c_cuda_fwd_last_cluster() == FA3C_FWD_CLUSTER, "%s: ran in clusters of %d, built with %d",
+              shapes[i].what, fa3c_cuda_fwd_last_cluster(), FA3C_FWD_CLUSTER);
     }
     // Under a mask (paired with -DFA3C_FWD_CLUSTER_MASKED=1 too): rank 0
     // skips the diagonal block only rank 1 needs; rows that see no key (sq >
@@ -513,6 +522,9 @@ TEST(fwd_cluster_pairs) {
         c.window_right = masked[i].right;
         c.num_splits = 1;
         run_case(masked[i].what, c);
+        int want = FA3C_FWD_CLUSTER_MASKED ? FA3C_FWD_CLUSTER : 1;
+        CHECK(fa3c_cuda_fwd_last_cluster() == want, "%s: ran in clusters of %d, want %d", masked[i].what,
+              fa3c_cuda_fwd_last_cluster(), want);
     }
 }
 

@@ -265,38 +265,18 @@ TEST(scheduler_random_plans) {
     }
 }
 
-// The plan with clusters of two CTAs (fwd_params.h; FA3C_FWD_CLUSTER = 2
-// builds), without (masked = 0) or also with (FA3C_FWD_CLUSTER_MASKED)
-// masks: used exactly where the row blocks pair up (an even number of them,
-// no split-KV, and no mask or window unless masked), and then the clusters'
-// steps give both CTAs of a cluster the same (batch, KV head) and key
-// blocks, neighbouring row blocks, every row block of every (batch, group)
-// once, key blocks holding every key each row sees, and unmasked blocks
-// that mask no key of any row. Without a mask the blocks are each half's
-// own. Returns 0 when something is wrong, else the cluster size.
-static int check_cluster_plan(const plan_case *c, int masked) {
-    const fa3c_problem *pr = &c->pr;
-    fa3c_fwd_kernel_params p;
-    memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
-    int pack = fa3c_fwd_plan_pack(pr, c->block_m);
-    char what[200];
-    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d",
-             pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
-             pr->window_left, pr->window_right, c->num_splits, c->sms, masked);
-    int ok = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts) == FA3C_STATUS_OK;
-    CHECK(ok, "%s: plan failed", what);
-    if (!ok) return 0;
-    const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
-    const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
-    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0;
-    ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
-         (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
-    CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
-          p.num_m_blocks, c->block_m * p.cluster, p.grid);
-    if (!ok || p.cluster == 1) return ok;
-    const int clusters = p.grid / 2, pairs = p.batch * p.groups;
+// Walks a cluster plan as `clusters` clusters would (the plan's grid, or
+// fewer when the launch finds that not all fit on the GPU at once,
+// fwd_launch.cuh): both CTAs of a cluster get the same (batch, KV head) and
+// key blocks and neighbouring row blocks; every row block of every (batch,
+// group) comes once; the blocks hold every key each row sees, and unmasked
+// blocks mask none (without a mask the blocks are each half's own). 0 when
+// something is wrong.
+static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, int clusters, int unmasked,
+                         const char *what) {
+    const int blocks = p.num_m_blocks * 2, pairs = p.batch * p.groups;
     int *visits = (int *)calloc((size_t)pairs * blocks, sizeof(int));
+    int ok = 1;
     for (int cl = 0; cl < clusters && ok; cl++)
         for (int step = 0; ok; step++) {
             int tile = tile_of_step(p, step, HostCta{clusters, cl});
@@ -337,9 +317,42 @@ static int check_cluster_plan(const plan_case *c, int masked) {
         }
     for (int i = 0; i < pairs * blocks && ok; i++) {
         ok = visits[i] == 1;
-        CHECK(ok, "%s: row block %d of pair %d visited %d times", what, i % blocks, i / blocks, visits[i]);
+        CHECK(ok, "%s: %d clusters: row block %d of pair %d visited %d times", what, clusters, i % blocks, i / blocks,
+              visits[i]);
     }
     free(visits);
+    return ok;
+}
+
+// The plan with clusters of two CTAs (fwd_params.h; FA3C_FWD_CLUSTER = 2
+// builds), without (masked = 0) or also with (FA3C_FWD_CLUSTER_MASKED)
+// masks: used exactly where the row blocks pair up (an even number of them,
+// no split-KV, and no mask or window unless masked), and then walked as the
+// kernel's clusters would (walk_clusters). Returns 0 when something is
+// wrong, else the cluster size.
+static int check_cluster_plan(const plan_case *c, int masked) {
+    const fa3c_problem *pr = &c->pr;
+    fa3c_fwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
+    int pack = fa3c_fwd_plan_pack(pr, c->block_m);
+    char what[200];
+    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d",
+             pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
+             pr->window_left, pr->window_right, c->num_splits, c->sms, masked);
+    int ok = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts) == FA3C_STATUS_OK;
+    CHECK(ok, "%s: plan failed", what);
+    if (!ok) return 0;
+    const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
+    const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
+    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0;
+    ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
+         (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
+    CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
+          p.num_m_blocks, c->block_m * p.cluster, p.grid);
+    if (!ok || p.cluster == 1) return ok;
+    ok = walk_clusters(p, c, p.grid / 2, unmasked, what) &&
+         (!FA3C_FWD_PERSISTENT || walk_clusters(p, c, (p.grid / 2 * 2 + 2) / 3, unmasked, what));
     return ok ? 2 : 0;
 }
 
