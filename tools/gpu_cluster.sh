@@ -5,7 +5,8 @@
 # the multicast step test (test_tma), the scheduler's host checks, the
 # whole forward suite (fwd_cluster_pairs runs the shapes that pair up; every
 # case twice, bit-identical) and
-# compute-sanitizer memcheck and racecheck on the paired shapes. Logs to
+# compute-sanitizer memcheck and racecheck on the paired shapes, and the
+# streaming ceiling of single CTAs against pairs (gpu_l2_stream.cu). Logs to
 # $OUT/cluster; a short summary is printed last. Time it against the default
 # build with tools/gpu_tune.sh "base:" "cluster:-DFA3C_FWD_CLUSTER=2"
 # "cluster_masked:-DFA3C_FWD_CLUSTER=2 -DFA3C_FWD_CLUSTER_MASKED=1".
@@ -28,6 +29,11 @@ timeout 180 $B/tests/test_fwd fwd_cluster_pairs >"$L/fwd_cluster_pairs.log" 2>&1
 echo "== fwd_cluster_pairs: rc=$? $(grep -cE 'runs identical 1' "$L/fwd_cluster_pairs.log") cases bit-identical, $(grep -cE 'FAIL|SKIPPED' "$L/fwd_cluster_pairs.log") failed or skipped"
 (cd $B && timeout 300 ctest -R '^test_fwd\.' --output-on-failure --timeout 120 -j1) >"$L/test_fwd_all.log" 2>&1
 echo "== forward suite in the cluster build: $(grep -E 'tests passed|tests failed' "$L/test_fwd_all.log" | tail -1)"
+# The streaming ceiling of the ring's loads, single CTAs against pairs (tools/gpu_l2_stream.cu).
+timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda \
+  -o $B/gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
+  timeout 60 $B/gpu_l2_stream >>"$L/l2_stream.log" 2>&1
+echo "== L2 streaming (gpu_l2_stream): rc=$?"; grep -E "^(mode|single|pairs)" "$L/l2_stream.log" | sed 's/^/   /'
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_fwd fwd_cluster_pairs \

@@ -44,7 +44,7 @@ sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
 grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
 [ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
 [ -f "$OUT/grid/results.md" ] && grep -E "geometric mean" "$OUT/grid/results.md"
-[ -f "$OUT/cluster_stdout.txt" ] && grep -E "^==" "$OUT/cluster_stdout.txt"
+[ -f "$OUT/cluster_stdout.txt" ] && grep -E "^(==|   )" "$OUT/cluster_stdout.txt"
 [ -f "$OUT/tune_stdout.txt" ] && { grep -E "^variant" "$OUT/tune_stdout.txt"; [ -f "$OUT/tune_summary.txt" ] && cat "$OUT/tune_summary.txt" || tail -14 "$OUT/tune_stdout.txt"; }
 # At most 8 files come back from the machine: keep the ones read first, pack the rest.
 (cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|cluster_stdout\.txt|decode|grid)$' &&
