@@ -3,9 +3,9 @@
 # src/cuda/fwd_tiles.h, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED) on the
 # Hopper machine: a test build with them on, under masks too (hang traps),
 # the multicast step test (test_tma), the scheduler's host checks, the
-# whole forward suite (fwd_cluster_pairs runs the shapes that pair up; every
+# GPU tests (fwd_cluster_pairs runs the shapes that pair up; every
 # case twice, bit-identical) and
-# compute-sanitizer memcheck and racecheck on the paired shapes, and the
+# compute-sanitizer memcheck and racecheck on small paired shapes, and the
 # streaming ceiling of single CTAs against pairs (gpu_l2_stream.cu). Logs to
 # $OUT/cluster; a short summary is printed last. Time it against the default
 # build with tools/gpu_tune.sh "base:" "cluster:-DFA3C_FWD_CLUSTER=2"
@@ -19,7 +19,7 @@ flags="-DFA3C_FWD_CLUSTER=2 -DFA3C_FWD_CLUSTER_MASKED=1"
 timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON \
   "-DFA3C_INSTANCES=bf16_hdim64;fp16_hdim64;bf16_hdim96;bf16_hdim128;fp16_hdim128;bf16_hdim192;bf16_hdim256;fp16_hdim256;bf16_hdim256_n64" \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build.log" 2>&1 &&
-  timeout 400 cmake --build $B -j"$(nproc)" --target test_tma test_scheduler test_fwd >>"$L/build.log" 2>&1
+  timeout 400 cmake --build $B -j"$(nproc)" --target test_tma test_wgmma test_scheduler test_fwd >>"$L/build.log" 2>&1
 echo "== cluster build rc=$?"
 timeout 60 $B/tests/test_tma tma_multicast_ring_cluster_of_2 >"$L/test_tma.log" 2>&1
 echo "== multicast step test: rc=$? $(grep -E '^(ok|FAIL)|resident' "$L/test_tma.log" | tr '\n' ' ')"
@@ -27,8 +27,8 @@ timeout 60 $B/tests/test_scheduler >"$L/test_scheduler.log" 2>&1
 echo "== test_scheduler: rc=$? $(grep -cE '^ok' "$L/test_scheduler.log") ok, $(grep -cE '^FAIL' "$L/test_scheduler.log") failed"
 timeout 180 $B/tests/test_fwd fwd_cluster_pairs >"$L/fwd_cluster_pairs.log" 2>&1
 echo "== fwd_cluster_pairs: rc=$? $(grep -cE 'runs identical 1' "$L/fwd_cluster_pairs.log") cases bit-identical, $(grep -cE 'FAIL|SKIPPED' "$L/fwd_cluster_pairs.log") failed or skipped"
-(cd $B && timeout 300 ctest -R '^test_fwd\.' --output-on-failure --timeout 120 -j1) >"$L/test_fwd_all.log" 2>&1
-echo "== forward suite in the cluster build: $(grep -E 'tests passed|tests failed' "$L/test_fwd_all.log" | tail -1)"
+(cd $B && timeout 300 ctest -L gpu --output-on-failure --timeout 120 -j1) >"$L/gpu_tests_all.log" 2>&1
+echo "== all GPU tests in the cluster build: $(grep -E 'tests passed|tests failed' "$L/gpu_tests_all.log" | tail -1)"
 # The streaming ceiling of the ring's loads, single CTAs against pairs (tools/gpu_l2_stream.cu).
 timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda \
   -o $B/gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
@@ -36,8 +36,8 @@ timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include
 echo "== L2 streaming (gpu_l2_stream): rc=$?"; grep -E "^(mode|single|pairs)" "$L/l2_stream.log" | sed 's/^/   /'
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_fwd fwd_cluster_pairs \
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_fwd fwd_cluster_pairs_small \
       >"$L/sanitizer_$tool.log" 2>&1
-    echo "== compute-sanitizer $tool fwd_cluster_pairs: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_$tool.log" | tail -1)"
+    echo "== compute-sanitizer $tool fwd_cluster_pairs_small: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_$tool.log" | tail -1)"
   done
 fi

@@ -528,6 +528,22 @@ TEST(fwd_cluster_pairs) {
     }
 }
 
+// A few small paired shapes for compute-sanitizer (tools/gpu_cluster.sh):
+// a plain pair, O staged in the V ring with one key block per tile, and a
+// causal pair with an idle warpgroup above row 0 (with FA3C_FWD_CLUSTER_MASKED).
+TEST(fwd_cluster_pairs_small) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 1, 256, 300, 2, 128);
+    c.num_splits = 1;
+    run_case("pair hdim128", c);
+    c = base_case(BF16, 1, 256, 50, 2, 256);
+    c.num_splits = 1;
+    run_case("pair hdim256, one key block", c);
+    c = causal_case(BF16, 1, 130, 130, 2, 128);
+    c.num_splits = 1;
+    run_case("causal pair, idle warpgroup above row 0", c);
+}
+
 TEST(fwd_long_noncausal) {
     REQUIRE_SM90();
     // seqlen_k >= 2048, non-causal: a partial last key block (2500 keys), GQA
