@@ -167,8 +167,9 @@
 /* With FA3C_FWD_CLUSTER = 2: 1 pairs row blocks under a causal mask or
  * window too. A cluster tile then walks the key blocks of its 2 BLOCK_M
  * rows, and each warpgroup skips the leading blocks masked for all its rows,
- * as in any tile (warpgroup_part): under a causal mask rank 0 skips the one
- * diagonal block that only rank 1 needs. 0 (default): clusters only without
+ * as in any tile (warpgroup_part): under a causal mask rank 0 skips the
+ * diagonal blocks only rank 1 needs (one at hdim 128; 2-3 with 64-key
+ * blocks at hdim 256), waiting for them. 0 (default): clusters only without
  * a mask or window. Not yet measured on a GPU. */
 #ifndef FA3C_FWD_CLUSTER_MASKED
 #define FA3C_FWD_CLUSTER_MASKED 0

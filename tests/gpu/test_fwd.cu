@@ -503,14 +503,22 @@ TEST(fwd_cluster_pairs) {
               shapes[i].what, fa3c_cuda_fwd_last_cluster(), FA3C_FWD_CLUSTER);
     }
     // Under a mask (paired with -DFA3C_FWD_CLUSTER_MASKED=1 too): rank 0
-    // skips the diagonal block only rank 1 needs; rows that see no key (sq >
-    // sk); the partial tile's idle warpgroup above row 0 (m_shift, sq 130);
-    // a sliding window; GQA.
+    // skips the diagonal blocks only rank 1 needs; rows that see no key (sq >
+    // sk), a whole rank of them (512 / 100); the partial tile's idle
+    // warpgroups above row 0 (m_shift: sq 130, and 200 at hdim 64 with two);
+    // GQA unpacked (group 3) and packed (group 4); windows; O staged in the V
+    // ring across several tiles per cluster, with one key block per tile too.
     const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d, causal, left, right; const char *what; } masked[] = {
         {BF16, 2, 512, 512, 40, 40, 128, 1, -1, -1, "causal hdim128, several tiles per cluster"},
         {BF16, 1, 512, 200, 4, 4, 128, 1, -1, -1, "causal sq > sk: rows without keys"},
-        {FP16, 1, 130, 130, 4, 2, 128, 1, -1, -1, "causal, idle warpgroup above row 0, GQA"},
+        {FP16, 1, 130, 130, 6, 2, 128, 1, -1, -1, "causal, idle warpgroup above row 0, GQA 3:1"},
+        {BF16, 1, 64, 300, 8, 2, 128, 1, -1, -1, "causal, GQA 4:1 packed"},
+        {BF16, 1, 512, 100, 4, 4, 128, 1, -1, -1, "causal, rank 0 without keys"},
         {BF16, 1, 384, 500, 6, 6, 64, 1, -1, -1, "causal hdim64 (384-row pairs)"},
+        {BF16, 1, 200, 200, 4, 4, 64, 1, -1, -1, "causal hdim64, two idle warpgroups above row 0"},
+        {BF16, 2, 512, 512, 40, 40, 256, 1, -1, -1, "causal hdim256, several tiles per cluster"},
+        {BF16, 2, 256, 256, 80, 80, 192, 1, -1, -1, "causal hdim192, several tiles per cluster"},
+        {BF16, 2, 256, 50, 80, 80, 256, 1, -1, -1, "causal hdim256, one key block per tile"},
         {BF16, 1, 512, 512, 8, 8, 256, 0, 100, 20, "window (100, 20) hdim256"},
         {BF16, 1, 256, 600, 4, 4, 192, 0, 150, -1, "left window only hdim192"},
     };

@@ -312,6 +312,30 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                     CHECK(ok, "%s: rank %d row %d keys [%d, %d]: blocks [%d, %d), unmasked [%d, %d)", what, k, row, lo,
                           hi, t.n_begin, t.n_end, t.u_begin, t.u_end);
                 }
+                // As consumer() dispatches each warpgroup (fwd_sm90.cuh): empty, idle, or
+                // consumer_tile (SKIP_MASKED under a right bound): the blocks it computes,
+                // [t.n_begin, w.n_end), hold every key of its rows and mask where needed.
+                for (int wg = 0; wg < c->block_m / 64 && ok; wg++) {
+                    const int wg_m0 = t.m0 + 64 * wg;
+                    if (tile_is_empty(t) || (unsigned)wg_m0 >= (unsigned)p.rows) {
+                        ok = wg_m0 >= 0 || (k == 0 && wg_m0 + p.m_shift >= 0);
+                        CHECK(ok, "%s: rank %d warpgroup %d idle at %d", what, k, wg, wg_m0);
+                        continue;
+                    }
+                    FwdTile w = p.window_right >= 0 ? warpgroup_part(p, t, wg, c->block_n) : t;
+                    ok = w.n_end > t.n_begin && w.n_end <= t.n_end;
+                    CHECK(ok, "%s: rank %d warpgroup %d computes [%d, %d) of [%d, %d)", what, k, wg, t.n_begin, w.n_end,
+                          t.n_begin, t.n_end);
+                    for (int row = wg_m0; row <= last_row(p, wg_m0, 64) && ok; row++) {
+                        int lo, hi;
+                        key_range(p, row, lo, hi);
+                        if (lo > hi) continue;
+                        int bad = masked_block_in(max(w.u_begin, t.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n);
+                        ok = lo / c->block_n >= t.n_begin && hi / c->block_n < w.n_end && bad < 0;
+                        CHECK(ok, "%s: rank %d warpgroup %d row %d keys [%d, %d]: computes [%d, %d), unmasked [%d, %d)",
+                              what, k, wg, row, lo, hi, t.n_begin, w.n_end, w.u_begin, w.u_end);
+                    }
+                }
                 if (ok) visits[(size_t)(t.batch * p.groups + t.group) * blocks + (t.m0 + p.m_shift) / c->block_m]++;
             }
         }
@@ -448,6 +472,25 @@ TEST(scheduler_cluster_pairs) {
     }
     CHECK(paired >= 300 && paired_masked >= 100, "only %d of 3000 random plans used clusters (%d of the masked half "
           "with FA3C_FWD_CLUSTER_MASKED)", paired, paired_masked);
+    // Masked pairs the random plans may miss: rank 0 above row 0 (m_shift 64;
+    // hdim 64: 128, two idle warpgroups), GQA without packing under m_shift,
+    // GQA packed, rank 0 without any key in a non-empty cluster tile, windows.
+    const struct { int d, sq, sk, hq, hkv, causal, left, right; } m[] = {
+        {128, 130, 130, 6, 2, 1, -1, -1}, {64, 200, 200, 4, 4, 1, -1, -1}, {128, 64, 300, 8, 2, 1, -1, -1},
+        {128, 512, 100, 4, 4, 1, -1, -1}, {256, 512, 512, 8, 8, 0, 100, 20}, {192, 256, 600, 4, 4, 0, 150, -1},
+        {256, 256, 50, 80, 80, 1, -1, -1}};
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        plan_case mc = fixed_case(m[i].d, 2, m[i].hq, m[i].hkv, m[i].sq, m[i].sk, 132);
+        mc.pr.causal = m[i].causal;
+        mc.pr.window_left = m[i].left;
+        mc.pr.window_right = m[i].right;
+        mc.num_splits = 1;
+        CHECK(check_cluster_plan(&mc, 1) == 2, "masked case %zu pairs", i);
+        if (m[i].d == 256) {   // and the short-causal instance's 64-key blocks
+            mc.block_n = 64;
+            CHECK(check_cluster_plan(&mc, 1) == 2, "masked case %zu pairs (64-key blocks)", i);
+        }
+    }
     // The grid's shapes without a mask: hdim 128 at 512 (4 row blocks per
     // head) pairs up; 1024 cluster tiles on 66 clusters.
     plan_case c = fixed_case(128, 32, 16, 16, 512, 512, 132);
