@@ -85,7 +85,8 @@ static int run(void *data, int sms, int reps) {
     t.stride[1] = (int64_t)HEADS * COLS;
     t.stride[0] = (int64_t)SEQLEN * HEADS * COLS;
     CUtensorMap map;
-    if (fa3c_tensor_map_rows(&map, "k", &t, 2, 1, SEQLEN, HEADS, COLS, 64, PAIRED ? ROWS / 2 : ROWS) != FA3C_STATUS_OK) {
+    const int box_rows = PAIRED ? ROWS / 2 : ROWS;
+    if (fa3c_tensor_map_rows(&map, "k", &t, 2, 1, SEQLEN, HEADS, COLS, 64, box_rows) != FA3C_STATUS_OK) {
         fprintf(stderr, "tensor map: %s\n", fa3c_last_error());
         return 1;
     }

@@ -38,7 +38,7 @@ static void trace_write(cudaStream_t, int) {}
 // CTAs (of 1 too, so that the kernel's cluster registers are defined), and a
 // persistent grid of no more clusters than fit on the GPU at once (with
 // clusters of 2 that may be fewer than SMs / 2; more would run in a second
-// wave). The count is looked up once per instance.
+// wave). The count is looked up once per instance and device.
 template <int D, int BLOCK_N, int FP16>
 static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t smem, cudaStream_t stream) {
     cudaLaunchAttribute attr;

@@ -767,7 +767,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     // The blocks masked for all of this warpgroup's rows come first: skipped.
     const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
     if (SKIP_MASKED)
-        for (int n = t.n_end - 1; n >= w.n_end; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
+        for (int n = t.n_end - 1; n >= w.n_end; n--)
+            skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = w.n_end - 1;
@@ -852,7 +853,8 @@ FA3C_DEVICE void idle_consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, 
                                     int consumer_index, int &ring, uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
     release(&sm.q_empty);   // at once: the producer may load the next Q during this tile (FA3C_FWD_EARLY_Q)
-    for (int n = t.n_end - 1; n >= t.n_begin; n--) skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
+    for (int n = t.n_end - 1; n >= t.n_begin; n--)
+        skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false, cluster_size(p));

@@ -361,9 +361,10 @@ static int check_cluster_plan(const plan_case *c, int masked) {
     fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
     int pack = fa3c_fwd_plan_pack(pr, c->block_m);
     char what[200];
-    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d",
-             pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
-             pr->window_left, pr->window_right, c->num_splits, c->sms, masked);
+    snprintf(what, sizeof what,
+             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d", pr->batch,
+             pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal, pr->window_left,
+             pr->window_right, c->num_splits, c->sms, masked);
     int ok = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts) == FA3C_STATUS_OK;
     CHECK(ok, "%s: plan failed", what);
     if (!ok) return 0;

@@ -121,7 +121,8 @@ __global__ void __cluster_dims__(2, 1, 1)
             int s = i % STAGES;
             mbar_wait_parity(&full[s], (i / STAGES) & 1);
             if (i == 0)
-                for (int e = threadIdx.x; e < BOX_BYTES; e += 128) tile0[rank * BOX_BYTES + e] = tiles[s * BOX_BYTES + e];
+                for (int e = threadIdx.x; e < BOX_BYTES; e += 128)
+                    tile0[rank * BOX_BYTES + e] = tiles[s * BOX_BYTES + e];
             float acc = warp_box_sum(tiles + s * BOX_BYTES);
             if (threadIdx.x % 32 < 2) mbar_arrive_cluster(&empty[s], threadIdx.x % 32);
             store_warpgroup_sum(acc, partial, &sums[rank * ntiles + i]);
@@ -277,7 +278,8 @@ TEST(tma_multicast_ring_cluster_of_2) {
                 memcpy(&got, tile0 + rank * BOX_BYTES + sw128_offset(ROWS, r, c), 2);
                 __nv_bfloat16 v = h[r * t.stride[1] + c];
                 memcpy(&want, &v, 2);
-                if (got != want && bad++ < 5) printf("rank %d row %d col %d: got %04x want %04x\n", rank, r, c, got, want);
+                if (got != want && bad++ < 5)
+                    printf("rank %d row %d col %d: got %04x want %04x\n", rank, r, c, got, want);
             }
     CHECK(bad == 0, "%d elements of tile 0 differ from the swizzle model", bad);
     free(h); cudaFree(d); cudaFree(dsums); cudaFree(dtile0);
