@@ -160,20 +160,20 @@ FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint
                     t.group, t.batch);
 }
 
+// CTAs per cluster: p.cluster where the build has clusters (FA3C_FWD_CLUSTER).
+FA3C_DEVICE int cluster_size(const fa3c_fwd_kernel_params &p) { return FA3C_FWD_CLUSTER > 1 ? p.cluster : 1; }
+
 // Tile number `tile` as the CTA's step `step` sees it: in the stream-K tail,
 // only this step's piece of its key blocks. Producer and consumers both
 // call it, so they walk the same key blocks.
 template <int D, int BLOCK_N>
 FA3C_DEVICE FwdTile tile_of_step_at(const fa3c_fwd_kernel_params &p, int tile, int step) {
-    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at(p, tile, (int)cluster_cta_count(), (int)cluster_cta_rank(),
+    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at(p, tile, cluster_size(p), (int)cluster_cta_rank(),
                                                    FA3C_FWD_BLOCK_M(D), BLOCK_N)
                                      : tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
     if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);
     return t;
 }
-
-// CTAs per cluster: p.cluster where the build has clusters (FA3C_FWD_CLUSTER).
-FA3C_DEVICE int cluster_size(const fa3c_fwd_kernel_params &p) { return FA3C_FWD_CLUSTER > 1 ? p.cluster : 1; }
 
 // K or V of key block n into a ring slot: one CTA's TMA boxes, or in a
 // cluster (PAIRED: p.cluster = 2) half of the rows from each CTA, multicast

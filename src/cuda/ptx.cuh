@@ -303,8 +303,8 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
 
 // ---- thread-block clusters (PTX ISA: barrier.cluster, mapa) --------------------
 
-// This CTA's rank in its cluster, the CTAs per cluster, and the cluster's
-// index and count along x in the grid (special registers: nothing is held).
+// This CTA's rank in its cluster, and the cluster's index and count along x
+// in the grid (special registers: nothing is held).
 #define FA3C_SPECIAL_REG(name, reg)                                 \
     FA3C_DEVICE uint32_t name(void) {                               \
         uint32_t v;                                                 \
@@ -312,7 +312,6 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
         return v;                                                   \
     }
 FA3C_SPECIAL_REG(cluster_cta_rank, "cluster_ctarank")
-FA3C_SPECIAL_REG(cluster_cta_count, "cluster_nctarank")
 FA3C_SPECIAL_REG(cluster_id_x, "clusterid.x")
 FA3C_SPECIAL_REG(cluster_count_x, "nclusterid.x")
 #undef FA3C_SPECIAL_REG

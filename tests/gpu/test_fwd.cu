@@ -471,69 +471,75 @@ TEST(fwd_o_staged_in_v_many_tiles) {
     run_case("hdim256 register stores", c);
 }
 
+// A shape for the cluster tests, run without split-KV.
+typedef struct {
+    fa3c_dtype dt;
+    int b, sq, sk, hq, hkv, d, causal, left, right;
+    float softcap;
+    const char *what;
+} cluster_case;
+
+// Runs each case and checks that it ran in pairs where the build pairs it:
+// in a build with clusters (-DFA3C_FWD_CLUSTER=2) every case here has an
+// even number of row blocks, so the unmasked ones pair, and the masked ones
+// too with -DFA3C_FWD_CLUSTER_MASKED=1 (fwd_plan.c). Without clusters they
+// are plain forward cases.
+static void run_cluster_cases(const cluster_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const cluster_case *k = &cases[i];
+        fwd_case c = base_case(k->dt, k->b, k->sq, k->sk, k->hq, k->d);
+        c.heads_kv = k->hkv;
+        c.causal = k->causal;
+        c.window_left = k->left;
+        c.window_right = k->right;
+        c.softcap = k->softcap;
+        c.num_splits = 1;
+        run_case(k->what, c);
+        const int masked = k->causal || k->left >= 0 || k->right >= 0;
+        const int want = masked && !FA3C_FWD_CLUSTER_MASKED ? 1 : FA3C_FWD_CLUSTER;
+        CHECK(fa3c_cuda_fwd_last_cluster() == want, "%s: ran in clusters of %d, want %d", k->what,
+              fa3c_cuda_fwd_last_cluster(), want);
+    }
+}
+
 TEST(fwd_cluster_pairs) {
     REQUIRE_SM90();
-    // Shapes that a build with clusters (-DFA3C_FWD_CLUSTER=2) runs in pairs
-    // of CTAs sharing their K/V loads: no mask, no split-KV, an even number of
-    // row blocks (fwd_plan.c). Without clusters they are plain forward cases.
     printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_MASKED=%d\n", FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED);
-    const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d; float softcap; const char *what; } shapes[] = {
-        {BF16, 2, 512, 512, 40, 40, 128, 0.f, "hdim128, more cluster tiles than clusters"},
-        {BF16, 1, 1000, 777, 3, 3, 128, 0.f, "hdim128, ragged keys"},
-        {BF16, 1, 130, 300, 2, 2, 128, 0.f, "hdim128, rank 1's second warpgroup idle"},
-        {FP16, 2, 384, 600, 12, 2, 64, 20.f, "hdim64 (384-row pairs), GQA 6:1, softcap"},
-        {BF16, 1, 256, 333, 4, 4, 96, 0.f, "hdim96 (64-byte swizzle, register stores)"},
-        {BF16, 1, 256, 500, 4, 4, 192, 0.f, "hdim192 (O staged in the V ring)"},
-        {FP16, 1, 512, 300, 64, 8, 256, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
-        {BF16, 1, 256, 50, 40, 40, 256, 0.f, "hdim256, one key block per tile"},
+    const cluster_case cases[] = {
+        {BF16, 2, 512, 512, 40, 40, 128, 0, -1, -1, 0.f, "hdim128, more cluster tiles than clusters"},
+        {BF16, 1, 1000, 777, 3, 3, 128, 0, -1, -1, 0.f, "hdim128, ragged keys"},
+        {BF16, 1, 130, 300, 2, 2, 128, 0, -1, -1, 0.f, "hdim128, rank 1's second warpgroup idle"},
+        {FP16, 2, 384, 600, 12, 2, 64, 0, -1, -1, 20.f, "hdim64 (384-row pairs), GQA 6:1, softcap"},
+        {BF16, 1, 256, 333, 4, 4, 96, 0, -1, -1, 0.f, "hdim96 (64-byte swizzle, register stores)"},
+        {BF16, 1, 256, 500, 4, 4, 192, 0, -1, -1, 0.f, "hdim192 (O staged in the V ring)"},
+        {FP16, 1, 512, 300, 64, 8, 256, 0, -1, -1, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
+        {BF16, 1, 256, 50, 40, 40, 256, 0, -1, -1, 0.f, "hdim256, one key block per tile"},
         // O staged in the V ring across several tiles per cluster: with one key
         // block per tile warpgroup 0 stages in the previous tile's slot; an
         // idle warpgroup in every rank-1 tile; hdim 192.
-        {BF16, 2, 256, 50, 80, 80, 256, 0.f, "hdim256, one key block per tile, several tiles per cluster"},
-        {BF16, 2, 130, 300, 80, 80, 256, 0.f, "hdim256, idle warpgroup, several tiles per cluster"},
-        {BF16, 1, 256, 400, 80, 80, 192, 0.f, "hdim192, several tiles per cluster"},
+        {BF16, 2, 256, 50, 80, 80, 256, 0, -1, -1, 0.f, "hdim256, one key block per tile, several tiles per cluster"},
+        {BF16, 2, 130, 300, 80, 80, 256, 0, -1, -1, 0.f, "hdim256, idle warpgroup, several tiles per cluster"},
+        {BF16, 1, 256, 400, 80, 80, 192, 0, -1, -1, 0.f, "hdim192, several tiles per cluster"},
+        // Under a mask: rank 0 skips the diagonal blocks only rank 1 needs; rows
+        // that see no key (sq > sk), a whole rank of them (512 / 100); the
+        // partial tile's idle warpgroups above row 0 (m_shift: sq 130, and 200
+        // at hdim 64 with two); GQA unpacked (group 3) and packed (group 4);
+        // windows; O staged in the V ring across several tiles per cluster,
+        // with one key block per tile too.
+        {BF16, 2, 512, 512, 40, 40, 128, 1, -1, -1, 0.f, "causal hdim128, several tiles per cluster"},
+        {BF16, 1, 512, 200, 4, 4, 128, 1, -1, -1, 0.f, "causal sq > sk: rows without keys"},
+        {FP16, 1, 130, 130, 6, 2, 128, 1, -1, -1, 0.f, "causal, idle warpgroup above row 0, GQA 3:1"},
+        {BF16, 1, 64, 300, 8, 2, 128, 1, -1, -1, 0.f, "causal, GQA 4:1 packed"},
+        {BF16, 1, 512, 100, 4, 4, 128, 1, -1, -1, 0.f, "causal, rank 0 without keys"},
+        {BF16, 1, 384, 500, 6, 6, 64, 1, -1, -1, 0.f, "causal hdim64 (384-row pairs)"},
+        {BF16, 1, 200, 200, 4, 4, 64, 1, -1, -1, 0.f, "causal hdim64, two idle warpgroups above row 0"},
+        {BF16, 2, 512, 512, 40, 40, 256, 1, -1, -1, 0.f, "causal hdim256, several tiles per cluster"},
+        {BF16, 2, 256, 256, 80, 80, 192, 1, -1, -1, 0.f, "causal hdim192, several tiles per cluster"},
+        {BF16, 2, 256, 50, 80, 80, 256, 1, -1, -1, 0.f, "causal hdim256, one key block per tile"},
+        {BF16, 1, 512, 512, 8, 8, 256, 0, 100, 20, 0.f, "window (100, 20) hdim256"},
+        {BF16, 1, 256, 600, 4, 4, 192, 0, 150, -1, 0.f, "left window only hdim192"},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        fwd_case c = base_case(shapes[i].dt, shapes[i].b, shapes[i].sq, shapes[i].sk, shapes[i].hq, shapes[i].d);
-        c.heads_kv = shapes[i].hkv;
-        c.softcap = shapes[i].softcap;
-        c.num_splits = 1;
-        run_case(shapes[i].what, c);
-        CHECK(fa3c_cuda_fwd_last_cluster() == FA3C_FWD_CLUSTER, "%s: ran in clusters of %d, built with %d",
-              shapes[i].what, fa3c_cuda_fwd_last_cluster(), FA3C_FWD_CLUSTER);
-    }
-    // Under a mask (paired with -DFA3C_FWD_CLUSTER_MASKED=1 too): rank 0
-    // skips the diagonal blocks only rank 1 needs; rows that see no key (sq >
-    // sk), a whole rank of them (512 / 100); the partial tile's idle
-    // warpgroups above row 0 (m_shift: sq 130, and 200 at hdim 64 with two);
-    // GQA unpacked (group 3) and packed (group 4); windows; O staged in the V
-    // ring across several tiles per cluster, with one key block per tile too.
-    const struct { fa3c_dtype dt; int b, sq, sk, hq, hkv, d, causal, left, right; const char *what; } masked[] = {
-        {BF16, 2, 512, 512, 40, 40, 128, 1, -1, -1, "causal hdim128, several tiles per cluster"},
-        {BF16, 1, 512, 200, 4, 4, 128, 1, -1, -1, "causal sq > sk: rows without keys"},
-        {FP16, 1, 130, 130, 6, 2, 128, 1, -1, -1, "causal, idle warpgroup above row 0, GQA 3:1"},
-        {BF16, 1, 64, 300, 8, 2, 128, 1, -1, -1, "causal, GQA 4:1 packed"},
-        {BF16, 1, 512, 100, 4, 4, 128, 1, -1, -1, "causal, rank 0 without keys"},
-        {BF16, 1, 384, 500, 6, 6, 64, 1, -1, -1, "causal hdim64 (384-row pairs)"},
-        {BF16, 1, 200, 200, 4, 4, 64, 1, -1, -1, "causal hdim64, two idle warpgroups above row 0"},
-        {BF16, 2, 512, 512, 40, 40, 256, 1, -1, -1, "causal hdim256, several tiles per cluster"},
-        {BF16, 2, 256, 256, 80, 80, 192, 1, -1, -1, "causal hdim192, several tiles per cluster"},
-        {BF16, 2, 256, 50, 80, 80, 256, 1, -1, -1, "causal hdim256, one key block per tile"},
-        {BF16, 1, 512, 512, 8, 8, 256, 0, 100, 20, "window (100, 20) hdim256"},
-        {BF16, 1, 256, 600, 4, 4, 192, 0, 150, -1, "left window only hdim192"},
-    };
-    for (size_t i = 0; i < sizeof masked / sizeof masked[0]; i++) {
-        fwd_case c = base_case(masked[i].dt, masked[i].b, masked[i].sq, masked[i].sk, masked[i].hq, masked[i].d);
-        c.heads_kv = masked[i].hkv;
-        c.causal = masked[i].causal;
-        c.window_left = masked[i].left;
-        c.window_right = masked[i].right;
-        c.num_splits = 1;
-        run_case(masked[i].what, c);
-        int want = FA3C_FWD_CLUSTER_MASKED ? FA3C_FWD_CLUSTER : 1;
-        CHECK(fa3c_cuda_fwd_last_cluster() == want, "%s: ran in clusters of %d, want %d", masked[i].what,
-              fa3c_cuda_fwd_last_cluster(), want);
-    }
+    run_cluster_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
 // A few small paired shapes for compute-sanitizer (tools/gpu_cluster.sh):
@@ -541,15 +547,12 @@ TEST(fwd_cluster_pairs) {
 // causal pair with an idle warpgroup above row 0 (with FA3C_FWD_CLUSTER_MASKED).
 TEST(fwd_cluster_pairs_small) {
     REQUIRE_SM90();
-    fwd_case c = base_case(BF16, 1, 256, 300, 2, 128);
-    c.num_splits = 1;
-    run_case("pair hdim128", c);
-    c = base_case(BF16, 1, 256, 50, 2, 256);
-    c.num_splits = 1;
-    run_case("pair hdim256, one key block", c);
-    c = causal_case(BF16, 1, 130, 130, 2, 128);
-    c.num_splits = 1;
-    run_case("causal pair, idle warpgroup above row 0", c);
+    const cluster_case cases[] = {
+        {BF16, 1, 256, 300, 2, 2, 128, 0, -1, -1, 0.f, "pair hdim128"},
+        {BF16, 1, 256, 50, 2, 2, 256, 0, -1, -1, 0.f, "pair hdim256, one key block"},
+        {BF16, 1, 130, 130, 2, 2, 128, 1, -1, -1, 0.f, "causal pair, idle warpgroup above row 0"},
+    };
+    run_cluster_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
 TEST(fwd_long_noncausal) {

@@ -134,12 +134,23 @@ __global__ void __cluster_dims__(2, 1, 1)
 // A (batch 2, seqlen 200, heads 3, headdim 128) bf16 tensor with row padding.
 enum { B = 2, S = 200, H = 3, D = 128, ROW_PITCH = 3 * D + 8 };
 
-static void make_tensor(__nv_bfloat16 *h, fa3c_tensor *t) {
+// Random values on the host (returned; free() it) and a copy on the device
+// (t->data; cudaFree() it), or NULL when the device copy fails.
+static __nv_bfloat16 *make_tensor(fa3c_tensor *t) {
+    const size_t n = (size_t)B * S * ROW_PITCH;
     t->stride[3] = 1;
     t->stride[2] = D;
     t->stride[1] = ROW_PITCH;          // padded: heads*D + 8 elements per token
     t->stride[0] = (int64_t)S * ROW_PITCH;
-    for (size_t i = 0; i < (size_t)B * S * ROW_PITCH; i++) h[i] = __float2bfloat16(gpu_randn());
+    __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(gpu_randn());
+    t->data = NULL;
+    if (cudaMalloc(&t->data, n * 2) != cudaSuccess ||
+        cudaMemcpy(t->data, h, n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+        free(h);
+        return NULL;
+    }
+    return h;
 }
 
 // Tiles of `sums` that differ from what the ring kernels should sum for
@@ -162,15 +173,11 @@ static int wrong_ring_sums(const __nv_bfloat16 *h, const fa3c_tensor *t, const f
 TEST(tma_roundtrip_swizzle_and_zero_fill) {
     REQUIRE_SM90();
     gpu_rng_seed(7);
-    size_t n = (size_t)B * S * ROW_PITCH;
-    __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2), *d;
     uint8_t out[BOX_BYTES], *dout;
     fa3c_tensor t;
-    make_tensor(h, &t);
-    CUDA_OK(cudaMalloc(&d, n * 2));
+    __nv_bfloat16 *h = make_tensor(&t);
+    CUDA_OK(h ? cudaSuccess : cudaErrorMemoryAllocation);
     CUDA_OK(cudaMalloc(&dout, BOX_BYTES));
-    CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
-    t.data = d;
     CUtensorMap map;
     fa3c_status st = fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS);
     CHECK(st == FA3C_STATUS_OK, "tensor map: %s", fa3c_last_error());
@@ -192,23 +199,19 @@ TEST(tma_roundtrip_swizzle_and_zero_fill) {
             if (got != want && bad++ < 5) printf("row %d col %d: got %04x want %04x\n", r, c, got, want);
         }
     CHECK(bad == 0, "%d elements differ from the swizzle model", bad);
-    free(h); cudaFree(d); cudaFree(dout);
+    free(h); cudaFree(t.data); cudaFree(dout);
 }
 
 TEST(mbarrier_ring_3_stages_100_tiles) {
     REQUIRE_SM90();
     gpu_rng_seed(11);
-    size_t n = (size_t)B * S * ROW_PITCH;
-    __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2), *d;
     fa3c_tensor t;
-    make_tensor(h, &t);
+    __nv_bfloat16 *h = make_tensor(&t);
+    CUDA_OK(h ? cudaSuccess : cudaErrorMemoryAllocation);
     enum { NT = 100, STAGES = 3 };
     float sums[NT], *dsums;
-    CUDA_OK(cudaMalloc(&d, n * 2));
     CUDA_OK(cudaMalloc(&dsums, sizeof sums));
-    CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dsums, 0xFF, sizeof sums));
-    t.data = d;
     CUtensorMap map;
     CHECK(fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS) == FA3C_STATUS_OK, "%s", fa3c_last_error());
     int smem = STAGES * BOX_BYTES + 1024;
@@ -219,44 +222,38 @@ TEST(mbarrier_ring_3_stages_100_tiles) {
     CUDA_OK(cudaMemcpy(sums, dsums, sizeof sums, cudaMemcpyDeviceToHost));
     int bad = wrong_ring_sums(h, &t, sums, NT, "ring");
     CHECK(bad == 0, "%d of %d tiles summed wrong", bad, NT);
-    free(h); cudaFree(d); cudaFree(dsums);
+    free(h); cudaFree(t.data); cudaFree(dsums);
 }
 
 TEST(tma_multicast_ring_cluster_of_2) {
     REQUIRE_SM90();
     gpu_rng_seed(13);
-    size_t n = (size_t)B * S * ROW_PITCH;
-    __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2), *d;
     fa3c_tensor t;
-    make_tensor(h, &t);
+    __nv_bfloat16 *h = make_tensor(&t);
+    CUDA_OK(h ? cudaSuccess : cudaErrorMemoryAllocation);
     enum { NT = 100, STAGES = 2 };
     float sums[2 * NT], *dsums;
     static uint8_t tile0[2 * BOX_BYTES];
     uint8_t *dtile0;
-    CUDA_OK(cudaMalloc(&d, n * 2));
     CUDA_OK(cudaMalloc(&dsums, sizeof sums));
     CUDA_OK(cudaMalloc(&dtile0, sizeof tile0));
-    CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dsums, 0xFF, sizeof sums));
     CUDA_OK(cudaMemset(dtile0, 0xFF, sizeof tile0));
-    t.data = d;
     CUtensorMap map;   // boxes of half a tile: 64 columns x 64 rows
     CHECK(fa3c_tensor_map_rows(&map, "x", &t, 2, B, S, H, D, 64, ROWS / 2) == FA3C_STATUS_OK, "%s", fa3c_last_error());
     int smem = STAGES * BOX_BYTES + 1024;
-    CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // For the logs: how many clusters of two CTAs with the forward kernel's
-    // smem (one CTA per SM) fit on this GPU at once.
+    // Room for the forward kernel's smem too: for the logs, how many clusters
+    // of two CTAs of that size (one CTA per SM) fit on this GPU at once.
+    enum { FWD_SMEM = 200 * 1024 };
+    CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, FWD_SMEM));
     {
         cudaLaunchConfig_t cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.gridDim = dim3(2);
         cfg.blockDim = dim3(256);
-        cfg.dynamicSmemBytes = smem;
+        cfg.dynamicSmemBytes = FWD_SMEM;
         int fit = 0, sms = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-        CUDA_OK(cudaFuncSetAttribute(multicast_ring_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     200 * 1024));
-        cfg.dynamicSmemBytes = 200 * 1024;
         if (cudaOccupancyMaxActiveClusters(&fit, multicast_ring_kernel<STAGES>, &cfg) == cudaSuccess)
             printf("clusters of 2 CTAs with 200 KB smem resident at once: %d (%d SMs)\n", fit, sms);
         cudaGetLastError();
@@ -282,7 +279,7 @@ TEST(tma_multicast_ring_cluster_of_2) {
                     printf("rank %d row %d col %d: got %04x want %04x\n", rank, r, c, got, want);
             }
     CHECK(bad == 0, "%d elements of tile 0 differ from the swizzle model", bad);
-    free(h); cudaFree(d); cudaFree(dsums); cudaFree(dtile0);
+    free(h); cudaFree(t.data); cudaFree(dsums); cudaFree(dtile0);
 }
 
 TEST_MAIN()
