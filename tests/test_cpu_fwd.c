@@ -140,6 +140,19 @@ static void build(fsetup *s, const fcase *c) {
             s->p.v = tu_tensor(v, c->b, c->sk, c->hkv, d);
         }
     }
+    if (c->seqused && !c->packed) {   /* the keys past each count: NaN, which must not reach the output */
+        for (int b = 0; b < c->b; b++) {
+            int stored = pr->cu_seqlens_k ? pr->cu_seqlens_k[b + 1] - pr->cu_seqlens_k[b]
+                         : pr->page_table ? (c->sk + c->page_size - 1) / c->page_size * c->page_size
+                                          : c->sk;
+            for (int j = pr->seqused_k[b]; j < stored; j++)
+                for (int h = 0; h < c->hkv; h++)
+                    for (int e = 0; e < d; e++) {
+                        tu_store(s->p.k.data, dt, fa3c_k_offset(pr, &s->p.k, b, j, h, 1) + e, NAN);
+                        tu_store(s->p.v.data, dt, fa3c_k_offset(pr, &s->p.v, b, j, h, 1) + e, NAN);
+                    }
+        }
+    }
     if (dt == FA3C_DTYPE_E4M3) {
         float *ds = (float *)keep(s, sizeof(float) * 3 * c->b * c->hkv);
         for (int i = 0; i < 3 * c->b * c->hkv; i++) ds[i] = (float)(0.5 + 1.5 * tu_uniform());

@@ -21,10 +21,11 @@ head -15 "$OUT/env.log"
 t0=$(date +%s)
 flags=${EXTRA_FLAGS:-}
 [ -n "$flags" ] && echo "== EXTRA_FLAGS: $flags"
-timeout 480 cmake -S . -B build-gpu-debug -DFA3C_DEBUG_HANGS=ON "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
+# FA3C_CUDA_VARLEN: the variable-length kernels (off in default builds until they have passed here).
+timeout 480 cmake -S . -B build-gpu-debug -DFA3C_DEBUG_HANGS=ON -DFA3C_CUDA_VARLEN=ON "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
   >"$OUT/build_debug.log" 2>&1 &&
   timeout 480 cmake --build build-gpu-debug -j"$J" >>"$OUT/build_debug.log" 2>&1 &&
-  timeout 480 cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
+  timeout 480 cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF -DFA3C_CUDA_VARLEN=ON "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
     >>"$OUT/build.log" 2>&1 &&
   timeout 480 cmake --build build-gpu -j"$J" >>"$OUT/build.log" 2>&1
 build_rc=$?
@@ -47,11 +48,12 @@ grep -E "Failed|\*\*\*|FAIL" "$OUT/gpu_tests.log" | head -20
 grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null | head -80 >"$OUT/fwd_errors.log"
 
 # 4. compute-sanitizer on small cases (memcheck, racecheck): ragged tiles,
-# GQA packing with an idle consumer warpgroup, split-KV and its combine;
+# GQA packing with an idle consumer warpgroup, split-KV and its combine,
+# sequences with their own key counts (v_guard's zeros);
 # memcheck also on causal tiles shifted above row 0.
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv"
+    cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small"
     [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
     for case in $cases; do
       timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1

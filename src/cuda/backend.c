@@ -20,11 +20,15 @@ typedef struct {
     /* 0: the head dim's main instance; > 0: used instead of it for calls
      * under a causal mask (a right bound) with seqlen_k <= short_causal_keys. */
     int short_causal_keys;
+    /* 1: for calls whose sequences have their own number of keys (seqused_k),
+     * and only for those (fwd_sm90.cuh, VARLEN). */
+    int varlen;
     fa3c_fwd_launcher launch;
 } fwd_instance;
 
 /* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) {dt, hd, bn, short_keys, fa3c_fwd_sm90_##name},
+#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) {dt, hd, bn, short_keys, 0, fa3c_fwd_sm90_##name},
+#define FA3C_VARLEN_ROW(name, dt, hd) {dt, hd, FA3C_FWD_BLOCK_N(hd), 0, 1, fa3c_fwd_sm90_##name},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
     FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
@@ -62,7 +66,37 @@ static const fwd_instance fwd_instances[] = {
 #if defined(FA3C_INST_fp16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
     FA3C_TABLE_ROW(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
 #endif
-    {FA3C_DTYPE_FP32, 0, 0, 0, NULL}};
+#ifdef FA3C_INST_bf16_hdim64_varlen
+    FA3C_VARLEN_ROW(bf16_hdim64_varlen, FA3C_DTYPE_BF16, 64)
+#endif
+#ifdef FA3C_INST_bf16_hdim96_varlen
+    FA3C_VARLEN_ROW(bf16_hdim96_varlen, FA3C_DTYPE_BF16, 96)
+#endif
+#ifdef FA3C_INST_bf16_hdim128_varlen
+    FA3C_VARLEN_ROW(bf16_hdim128_varlen, FA3C_DTYPE_BF16, 128)
+#endif
+#ifdef FA3C_INST_bf16_hdim192_varlen
+    FA3C_VARLEN_ROW(bf16_hdim192_varlen, FA3C_DTYPE_BF16, 192)
+#endif
+#ifdef FA3C_INST_bf16_hdim256_varlen
+    FA3C_VARLEN_ROW(bf16_hdim256_varlen, FA3C_DTYPE_BF16, 256)
+#endif
+#ifdef FA3C_INST_fp16_hdim64_varlen
+    FA3C_VARLEN_ROW(fp16_hdim64_varlen, FA3C_DTYPE_FP16, 64)
+#endif
+#ifdef FA3C_INST_fp16_hdim96_varlen
+    FA3C_VARLEN_ROW(fp16_hdim96_varlen, FA3C_DTYPE_FP16, 96)
+#endif
+#ifdef FA3C_INST_fp16_hdim128_varlen
+    FA3C_VARLEN_ROW(fp16_hdim128_varlen, FA3C_DTYPE_FP16, 128)
+#endif
+#ifdef FA3C_INST_fp16_hdim192_varlen
+    FA3C_VARLEN_ROW(fp16_hdim192_varlen, FA3C_DTYPE_FP16, 192)
+#endif
+#ifdef FA3C_INST_fp16_hdim256_varlen
+    FA3C_VARLEN_ROW(fp16_hdim256_varlen, FA3C_DTYPE_FP16, 256)
+#endif
+    {FA3C_DTYPE_FP32, 0, 0, 0, 0, NULL}};
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
@@ -77,14 +111,15 @@ static fa3c_fwd_plan_facts device_facts(void) {
     return f;
 }
 
-/* The instance for this call: the dtype and head dim's main one, or its
- * short-causal one where the call qualifies and the build has it. */
+/* The instance for this call: the dtype and head dim's variable-length one
+ * for calls with seqused_k; else its main one, or its short-causal one where
+ * the call qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
-    int right_bound = pr->causal || pr->window_right >= 0;
+    int right_bound = pr->causal || pr->window_right >= 0, varlen = pr->seqused_k != NULL;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
-        if (in->dtype != pr->dtype || in->headdim != pr->headdim) continue;
+        if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
         if (in->short_causal_keys == 0 && !found) found = in;
         if (in->short_causal_keys > 0 && right_bound && pr->seqlen_k <= in->short_causal_keys) return in;
     }
@@ -159,12 +194,18 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16)",
                           dtype_name(pr->dtype));
+    if (pr->cu_seqlens_q || pr->cu_seqlens_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches (cu_seqlens) are not "
+                          "supported yet (seqused_k is)");
+    if (!find_fwd(pr) && pr->seqused_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA forward: seqused_k needs the variable-length kernel for %s headdim %d, which this "
+                          "build lacks (cmake -DFA3C_CUDA_VARLEN=ON; not yet verified on a GPU)",
+                          dtype_name(pr->dtype), pr->headdim);
     if (!find_fwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
-    if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches are not supported yet");
     if (pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: a paged KV cache is not supported yet");
     fa3c_status s;

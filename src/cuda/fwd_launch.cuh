@@ -39,7 +39,7 @@ static void trace_write(cudaStream_t, int) {}
 // persistent grid of no more clusters than fit on the GPU at once (with
 // clusters of 2 that may be fewer than SMs / 2; more would run in a second
 // wave). The count is looked up once per instance and device.
-template <int D, int BLOCK_N, int FP16>
+template <int D, int BLOCK_N, int FP16, bool VARLEN>
 static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t smem, cudaStream_t stream) {
     cudaLaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
@@ -63,7 +63,7 @@ static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t sm
     if (FA3C_FWD_PERSISTENT && p->cluster == 2 && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < DEVICES) {
         if (!asked[dev]) {
             int fit = 0;
-            if (cudaOccupancyMaxActiveClusters(&fit, fwd_kernel<D, BLOCK_N, FP16>, &cfg) != cudaSuccess) {
+            if (cudaOccupancyMaxActiveClusters(&fit, fwd_kernel<D, BLOCK_N, FP16, VARLEN>, &cfg) != cudaSuccess) {
                 cudaGetLastError();
                 fit = 0;
             }
@@ -73,13 +73,13 @@ static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t sm
         if (pairs_that_fit[dev] > 0 && 2 * pairs_that_fit[dev] < p->grid)
             cfg.gridDim = dim3(2u * (unsigned)pairs_that_fit[dev]);
     }
-    return cudaLaunchKernelEx(&cfg, fwd_kernel<D, BLOCK_N, FP16>, *p);
+    return cudaLaunchKernelEx(&cfg, fwd_kernel<D, BLOCK_N, FP16, VARLEN>, *p);
 }
 
-template <int D, int BLOCK_N, int FP16>
+template <int D, int BLOCK_N, int FP16, bool VARLEN>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
     size_t smem = fwd_smem_bytes<D, BLOCK_N>();
-    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, BLOCK_N, FP16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, BLOCK_N, FP16, VARLEN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
                           smem, cudaGetErrorString(e));
@@ -91,9 +91,9 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
                           "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
     trace_clear(stream);
     if (FA3C_FWD_CLUSTER > 1) {
-        e = launch_in_clusters<D, BLOCK_N, FP16>(p, smem, stream);
+        e = launch_in_clusters<D, BLOCK_N, FP16, VARLEN>(p, smem, stream);
     } else {
-        fwd_kernel<D, BLOCK_N, FP16><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
+        fwd_kernel<D, BLOCK_N, FP16, VARLEN><<<p->grid, FA3C_FWD_THREADS(D), smem, stream>>>(*p);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess)
@@ -102,8 +102,9 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     return FA3C_STATUS_OK;
 }
 
-// BLOCK_N: keys per tile (FA3C_FWD_BLOCK_N(D), fwd_tiles.h).
-#define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16)                                              \
+// BLOCK_N: keys per tile (FA3C_FWD_BLOCK_N(D), fwd_tiles.h). VARLEN: 1 for
+// the variable-length instance (p->seqused_k; fwd_sm90.cuh).
+#define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16, VARLEN)                                      \
     extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \
-        return launch_fwd<D, BLOCK_N, FP16>(p, (cudaStream_t)stream);                          \
+        return launch_fwd<D, BLOCK_N, FP16, VARLEN>(p, (cudaStream_t)stream);                  \
     }

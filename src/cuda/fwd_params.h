@@ -82,6 +82,13 @@ typedef struct fa3c_fwd_kernel_params {
      * are BLOCK_N / 2 rows). num_m_blocks and num_tiles count cluster tiles,
      * grid counts CTAs. */
     int cluster;
+    /* Variable-length instances (the kernel's VARLEN, backend.c): keys used
+     * per sequence, batch int32 in device memory (NULL = seqlen_k each);
+     * seqlen_k is the most any may use (the K/V tensors' length). The keys
+     * past a sequence's count may hold anything, NaN included: they are
+     * masked, and the V rows among them are zeroed before P·V reads them
+     * (fwd_sm90.cuh, v_guard). */
+    const int *seqused_k;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus

@@ -78,13 +78,14 @@ static void fill_schedule(fa3c_fwd_kernel_params *k) {
  * T - (floor(T / G) - 1) G tiles (G to 2G of them) into G equal shares of
  * key blocks takes floor(T / G) - 1 tile times plus one share, and each CTA
  * saves (2G - tail) B / G key blocks, less a block or two for the extra
- * piece. Only for tiles of equal length (no causal mask or window) and
- * without split-KV (whose partials have a combine of their own). */
+ * piece. Only for tiles of equal length (no causal mask or window, no
+ * sequences of their own lengths) and without split-KV (whose partials have
+ * a combine of their own). */
 static void plan_tail(fa3c_fwd_kernel_params *k) {
     fa3c_fwd_plan_drop_tail(k);
     long long g = k->grid, t = k->num_tiles, b = k->blocks_per_split;
     if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->cluster > 1 || k->num_splits != 1 || k->window_left >= 0 ||
-        k->window_right >= 0 || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
+        k->window_right >= 0 || k->seqused_k || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
         return;
     long long tail = t - (t / g - 1) * g;
     /* The scheduler's unit arithmetic stays in 31 bits (share bounds, g^2). */
@@ -110,6 +111,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->batch = pr->batch;
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
+    k->seqused_k = pr->seqused_k;
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
     k->window_left = pr->window_left;
@@ -138,11 +140,12 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * the row blocks of every (batch, group) pair up, without split-KV, and
      * without a mask or window (both halves of a pair walk the same key
      * blocks) unless facts->cluster_masked (the pair walks the blocks of both
-     * halves, each warpgroup skipping those masked for all its rows). From
-     * here on tiles are cluster tiles, dealt out to clusters. */
+     * halves, each warpgroup skipping those masked for all its rows); not
+     * for sequences of their own lengths (not built for them yet). From here
+     * on tiles are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
     k->cluster = facts->cluster > 1 && (unmasked || facts->cluster_masked) && k->num_splits == 1 &&
-                         k->num_m_blocks % 2 == 0
+                         !k->seqused_k && k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;
     k->num_m_blocks /= k->cluster;

@@ -30,7 +30,7 @@ typedef struct fa3c_fwd_plan_facts {
  * divides block_m; else 1. */
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m);
 
-/* Fills k's batch, seqlens, heads, window (causal is window_right = 0),
+/* Fills k's batch, seqlens, seqused_k, heads, window (causal is window_right = 0),
  * pack (as given), groups, rows, grid, cluster,
  * num_m_blocks, num_splits, blocks_per_split, num_tiles, section_heads,
  * the order's constants and the stream-K tail (whole_tiles, tail_blocks,

@@ -5,6 +5,9 @@
 // one split-KV range of them:
 //   warpgroup 0  producer: one thread streams Q once, then K and V tiles
 //                through a ring of STAGES smem slots with TMA (mbarriers);
+//                in the variable-length instances (VARLEN: sequences with
+//                their own number of keys) a second warp zeroes the V rows
+//                past a sequence's last key before P·V reads them (v_guard);
 //   warpgroups 1, 2  consumers: 64 rows each. Per key block:
 //                S = Q·Kᵀ (wgmma, smem x smem), mask, online softmax,
 //                O += P·V (wgmma, P from registers).
@@ -83,6 +86,7 @@ struct FwdSmem {
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
+    uint64_t v_ready[STAGES];  // variable-length instances: V slot landed and guarded (v_guard)
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
@@ -165,12 +169,13 @@ FA3C_DEVICE int cluster_size(const fa3c_fwd_kernel_params &p) { return FA3C_FWD_
 
 // Tile number `tile` as the CTA's step `step` sees it: in the stream-K tail,
 // only this step's piece of its key blocks. Producer and consumers both
-// call it, so they walk the same key blocks.
-template <int D, int BLOCK_N>
+// call it, so they walk the same key blocks. VARLEN: the variable-length
+// instances, whose sequences have their own number of keys (tile_at).
+template <int D, int BLOCK_N, bool VARLEN>
 FA3C_DEVICE FwdTile tile_of_step_at(const fa3c_fwd_kernel_params &p, int tile, int step) {
-    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at(p, tile, cluster_size(p), (int)cluster_cta_rank(),
-                                                   FA3C_FWD_BLOCK_M(D), BLOCK_N)
-                                     : tile_at(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
+    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at<VARLEN>(p, tile, cluster_size(p), (int)cluster_cta_rank(),
+                                                           FA3C_FWD_BLOCK_M(D), BLOCK_N)
+                                     : tile_at<VARLEN>(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
     if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);
     return t;
 }
@@ -239,11 +244,11 @@ FA3C_DEVICE void produce_q(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
 
 // The tile the producer streams after step `step`'s, if the next step has
 // one that is not empty (else false: nothing is fetched ahead of it).
-template <int D, int BLOCK_N>
+template <int D, int BLOCK_N, bool VARLEN>
 FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile &next) {
     int tile = tile_of_step(p, step + 1, KernelCta());
     if (tile < 0) return false;
-    next = tile_of_step_at<D, BLOCK_N>(p, tile, step + 1);
+    next = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step + 1);
     return !tile_is_empty(next);
 }
 
@@ -253,15 +258,17 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
 // one: at the tile's start, or (FA3C_FWD_EARLY_Q, Q in registers) during
 // the tile before, after the first of its key blocks at which the Q buffer
 // is already free (the producer never waits for it there: that would hold
-// back the K and V it streams ahead, which short tiles need).
-template <int D, int BLOCK_N, int STAGES, bool PAIRED>
+// back the K and V it streams ahead, which short tiles need). Not in the
+// variable-length instances: the next tile's key count, looked up there,
+// spilled the producer's 24 registers.
+template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
+    enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() && !VARLEN };
     int ring = 0, q_uses = 0, tiles = 0;
     bool q_loaded = false;   // this tile's Q was loaded during the last one (EARLY_Q)
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
+        FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
         if (tile_is_empty(t)) continue;
         const int tile_count = tiles++;   // tiles loaded before this one
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES>(p, sm, t, q_uses++);
@@ -273,12 +280,64 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // registers would spill it.
             FwdTile next;
             if (EARLY_Q && !q_loaded && mbar_test_wait_parity(&sm.q_empty, q_phase_of(q_uses) ^ 1) &&
-                next_tile_of<D, BLOCK_N>(p, step, next)) {
+                next_tile_of<D, BLOCK_N, VARLEN>(p, step, next)) {
                 produce_q<D, BLOCK_N, STAGES>(p, sm, next, q_uses++);
                 q_loaded = true;
             }
         }
     }
+}
+
+// ---- V guard (variable-length instances) ---------------------------------------
+
+// Zero rows [valid, ROWS) of a tile of ROWS x D. Each column chunk holds its
+// rows one after the other, ROW_BYTES each (the swizzle moves 16-byte units
+// only within a row), so those rows are one stretch per chunk.
+template <int D, int ROWS>
+FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
+    typedef TileLayout<D> L;
+    const int first_unit = valid * (L::ROW_BYTES / 16), units = ROWS * (L::ROW_BYTES / 16);   // 16-byte units
+#pragma unroll 1
+    for (int c = 0; c < D / L::CHUNK; c++) {
+        uint4 *chunk = (uint4 *)(tile + c * ROWS * L::ROW_BYTES);
+#pragma unroll 1
+        for (int u = first_unit + lane; u < units; u += 32) chunk[u] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// The variable-length instances' second producer warp. It walks the
+// producer's key blocks; once a V tile has landed, it zeroes the rows past
+// the sequence's last key, then lets the consumers read the slot (v_ready,
+// which they wait for instead of v_full). Those rows are the K/V tensors'
+// rows past seqused_k, which may hold anything, NaN included, and P·V would
+// multiply them by P = 0 (0 x NaN = NaN: FA3 has this bug with KV caches).
+// Keys need no such care: their scores are masked to -inf.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
+    const int lane = threadIdx.x % 32;
+    int ring = 0;
+    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
+        if (tile == SKIP_STEP) continue;
+        const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
+        if (tile_is_empty(t)) continue;
+        for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
+            const int s = stage_of(ring, STAGES);
+            mbar_wait_parity(&sm.v_full[s], phase_of(ring, STAGES));
+            const int valid = t.seqlen_k - n * BLOCK_N;   // >= 1: the tile needs a key of block n
+            if (valid < BLOCK_N) {
+                zero_rows_from<D, BLOCK_N>(sm.v[s], valid, lane);
+                fence_proxy_async_smem();   // the zeros, before P·V (wgmma: the async proxy) reads them
+            }
+            mbar_arrive(&sm.v_ready[s]);   // every lane: each one's zeros are released by its own arrival
+        }
+    }
+}
+
+// The barriers that say a V slot may be read: v_full (the load landed), or
+// in the variable-length instances v_ready (and v_guard has zeroed it).
+template <bool VARLEN, int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE uint64_t *v_readable(FwdSmem<D, BLOCK_N, STAGES> &sm) {
+    return VARLEN ? sm.v_ready : sm.v_full;
 }
 
 // ---- consumer GEMMs ------------------------------------------------------------
@@ -482,14 +541,14 @@ FA3C_DEVICE void pass_turn(int consumer) {
 }
 
 // Scores in place: softcap and the mask, where they apply.
-template <int BLOCK_N>
+template <int BLOCK_N, bool VARLEN>
 FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const FwdTile &t, int row0, int n,
                                 int quad) {
     if (p.softcap > 0.f) {
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; i++) s[i] = p.softcap * tanh_approx(s[i] * p.softcap_pre);
     }
-    if (block_needs_mask(t, n)) apply_mask<BLOCK_N>(s, p, row0, n, quad);
+    if (block_needs_mask(t, n)) apply_mask<BLOCK_N, VARLEN>(s, p, t, row0, n, quad);
 }
 
 // ---- epilogue ------------------------------------------------------------------
@@ -699,7 +758,7 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
 // one it does: its turn (taken at once, so the others lose no time), and the
 // release of its ring slot after a wait on the slot's full barriers, so that
 // the release counts for this use of the slot.
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool VARLEN>
 FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index, int &ring, int cluster) {
     int s = stage_of(ring, STAGES);
     uint32_t ph = phase_of(ring, STAGES);
@@ -708,7 +767,7 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     mbar_wait_parity(&sm.k_full[s], ph);
     release_kv(&sm.k_empty[s], cluster);
-    mbar_wait_parity(&sm.v_full[s], ph);
+    mbar_wait_parity(&v_readable<VARLEN>(sm)[s], ph);
     release_kv(&sm.v_empty[s], cluster);
 }
 
@@ -718,7 +777,7 @@ FA3C_DEVICE void skip_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_in
 // overflowed (S is computed again from the K slot, which the caller still
 // holds), against the row max. Returns whether O must be multiplied by
 // `rescale`.
-template <int D, int BLOCK_N, int FP16, bool Q_REGS>
+template <int D, int BLOCK_N, int FP16, bool Q_REGS, bool VARLEN>
 FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], const fa3c_fwd_kernel_params &p,
                                   const FwdTile &w, int row0, int n, int quad, uint32_t (*q_frag)[4],
                                   const uint8_t *q, const uint8_t *k, int consumer_index) {
@@ -726,7 +785,7 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
                                                        : STEP_NEEDS_MAX;
     if (verdict == STEP_LOST) {   // rare: S again, then with the row max
         recompute_scores_warp<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, q, k, consumer_index);
-        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+        prepare_scores<BLOCK_N, VARLEN>(s, p, w, row0, n, quad);
     }
     if (verdict >= STEP_LOST) return softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);
     return verdict == STEP_SHIFTED;
@@ -737,8 +796,9 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
 // parity. The warpgroups alternate turns across tiles too: each takes the
 // same number of turns per tile (one per key block, plus one). SKIP_MASKED:
 // the leading key blocks masked for all of this warpgroup's rows are skipped
-// (their turns taken empty), and its own unmasked range is used.
-template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED>
+// (their turns taken empty), and its own unmasked range is used. VARLEN: the
+// variable-length instances (tile_of_step_at, v_guard).
+template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED, bool VARLEN>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                int consumer_index, int &ring, uint32_t q_phase, int step) {
     enum {
@@ -765,10 +825,10 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     }
 
     // The blocks masked for all of this warpgroup's rows come first: skipped.
-    const FwdTile w = SKIP_MASKED ? warpgroup_part(p, t, consumer_index, BLOCK_N) : t;
+    const FwdTile w = SKIP_MASKED ? warpgroup_part<VARLEN>(p, t, consumer_index, BLOCK_N) : t;
     if (SKIP_MASKED)
         for (int n = t.n_end - 1; n >= w.n_end; n--)
-            skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
+            skip_key_block<D, BLOCK_N, STAGES, VARLEN>(sm, consumer_index, ring, cluster_size(p));
 
     // First key block: S only; its P·V is issued with the next block's S.
     int n = w.n_end - 1;
@@ -785,7 +845,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<BLOCK_N / 2>(s);
     trace(consumer_index, ring, TR_S_READY);
     release_kv(&sm.k_empty[cur], cluster_size(p));
-    prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
+    prepare_scores<BLOCK_N, VARLEN>(s, p, w, row0, n, quad);
     rescale_o = softmax_step<BLOCK_N>(s, st, p.score_log2, rescale);   // the rows' first offsets
     trace(consumer_index, ring, TR_SOFTMAX);
     probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
@@ -797,7 +857,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         ring++;
         cur = stage_of(ring, STAGES);
         mbar_wait_parity(&sm.k_full[cur], phase_of(ring, STAGES));
-        mbar_wait_parity(&sm.v_full[prev], prev_phase);
+        mbar_wait_parity(&v_readable<VARLEN>(sm)[prev], prev_phase);
         trace(consumer_index, ring, TR_DATA);
         wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
         trace(consumer_index, ring, TR_TURN);
@@ -809,8 +869,8 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
         wgmma_wait<1>();                 // S(j) is ready; P·V(j-1) may still run
         fence_regs<BLOCK_N / 2>(s);
         trace(consumer_index, ring, TR_S_READY);
-        prepare_scores<BLOCK_N>(s, p, w, row0, n, quad);
-        rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
+        prepare_scores<BLOCK_N, VARLEN>(s, p, w, row0, n, quad);
+        rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS, VARLEN>(s, st, rescale, p, w, row0, n, quad, q_frag, sm.q,
                                                                sm.k[cur], consumer_index);
         release_kv(&sm.k_empty[cur], cluster_size(p));   // after a possible recompute of S from it
         pin_softmax<UNDER_PV>(&sm.softmax_anchor[consumer_index], st, tid);
@@ -828,7 +888,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 
     // Last P·V.
     int last = stage_of(ring, STAGES);
-    mbar_wait_parity(&sm.v_full[last], phase_of(ring, STAGES));
+    mbar_wait_parity(&v_readable<VARLEN>(sm)[last], phase_of(ring, STAGES));
     ring++;
     trace(consumer_index, ring, TR_LAST_DATA);
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
@@ -848,13 +908,13 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
 // packed rows in a 128-row tile) or above row 0 (p.m_shift) computes
 // nothing, but keeps the barrier protocol of consumer_tile: the same waits
 // and releases of every ring slot and the same number of turns.
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool VARLEN>
 FA3C_DEVICE void idle_consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                     int consumer_index, int &ring, uint32_t q_phase) {
     mbar_wait_parity(&sm.q_full, q_phase);
     release(&sm.q_empty);   // at once: the producer may load the next Q during this tile (FA3C_FWD_EARLY_Q)
     for (int n = t.n_end - 1; n >= t.n_begin; n--)
-        skip_key_block<D, BLOCK_N, STAGES>(sm, consumer_index, ring, cluster_size(p));
+        skip_key_block<D, BLOCK_N, STAGES, VARLEN>(sm, consumer_index, ring, cluster_size(p));
     wait_my_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);   // consumer_tile takes one turn more than key blocks
     pass_turn<FA3C_FWD_CONSUMERS(D)>(consumer_index);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V) release_o_staging(&sm.o_free, false, cluster_size(p));
@@ -877,37 +937,41 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
                      TR_NO_BLOCK);
 }
 
-template <int D, int BLOCK_N, int STAGES, int FP16>
+template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
 FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int consumer_index) {
     int ring = 0, q_uses = 0;
     enum { CONSUMERS = FA3C_FWD_CONSUMERS(D) };
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_of_step_at<D, BLOCK_N>(p, tile, step);
+        FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
         if (tile_is_empty(t)) {
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
                 write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
         } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
-            idle_consumer_tile<D, BLOCK_N, STAGES>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+            idle_consumer_tile<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {
             // Only rows with a last key (causal, window) can have leading
             // blocks masked for a whole warpgroup. The skipping code is a
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++),
+                                                                   step);
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++),
+                                                                   step);
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }
 
-template <int D, int BLOCK_N, int FP16>
+// VARLEN: the variable-length instance of the head dim and dtype (sequences
+// with their own number of keys, p.seqused_k; backend.c picks it).
+template <int D, int BLOCK_N, int FP16, bool VARLEN>
 __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
     enum { STAGES = FA3C_FWD_STAGES(D) };
     typedef FwdSmem<D, BLOCK_N, STAGES> Smem;
@@ -929,6 +993,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
             mbar_init(&sm.v_full[s], 1);
             mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
+            if (VARLEN) mbar_init(&sm.v_ready[s], 32);   // v_guard's lanes
         }
         fence_barrier_init();
     }
@@ -942,12 +1007,14 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         // In a cluster (p.cluster = 2) the producer is a copy of its own: a
         // run-time branch per load spilled the 24-register producer.
         if (threadIdx.x == 0) {
-            if (cluster_size(p) > 1) producer<D, BLOCK_N, STAGES, true>(p, sm);
-            else producer<D, BLOCK_N, STAGES, false>(p, sm);
+            if (cluster_size(p) > 1) producer<D, BLOCK_N, STAGES, true, VARLEN>(p, sm);
+            else producer<D, BLOCK_N, STAGES, false, VARLEN>(p, sm);
+        } else if (VARLEN && threadIdx.x / 32 == 1) {
+            v_guard<D, BLOCK_N, STAGES>(p, sm);
         }
     } else {
         reg_alloc<FA3C_FWD_CONSUMER_REGS(D)>();
-        consumer<D, BLOCK_N, STAGES, FP16>(p, sm, warpgroup - 1);
+        consumer<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
     }
     // The other CTA's producer writes into this CTA's smem and its consumers
     // arrive on this CTA's barriers until both are done.

@@ -4,21 +4,36 @@
 // diagonal is bottom-right aligned as in FA2/FA3 (src/problem.h, the CPU
 // definition): diag = i + seqlen_k - seqlen_q, lo = diag - window_left,
 // hi = min(diag + window_right, seqlen_k - 1); causal is window_right = 0.
+// The lengths are the call's, or in the variable-length instances (VARLEN)
+// the tile's sequence's own number of keys (FwdTile::seqlen_k).
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
 #include "fwd_tiles.h"
+
+// The part of a tile the masks read (scheduler.cuh): keys of its sequence.
+struct FwdTile;
+template <bool VARLEN>
+FA3C_HOST_DEVICE int tile_keys(const fa3c_fwd_kernel_params &p, const FwdTile &t);
+
+// Keys of sequence b: p.seqused_k[b] where given, kept within [0, seqlen_k]
+// (device memory the host could not check: a bad value must not send the
+// kernel past the K/V tensors).
+FA3C_HOST_DEVICE int keys_of_batch(const fa3c_fwd_kernel_params &p, int b) {
+    return p.seqused_k ? min(max(p.seqused_k[b], 0), p.seqlen_k) : p.seqlen_k;
+}
 
 // The query index of tile row `row` (GQA packing puts p.pack heads of one
 // query on consecutive rows). Rows < 0 (p.m_shift) occur only without
 // packing, where the division by 1 keeps them as they are (fast_div.h).
 FA3C_HOST_DEVICE int query_of_row(const fa3c_fwd_kernel_params &p, int row) { return fa3c_div(row, p.div_pack); }
 
-// Inclusive key range of tile row `row`.
-FA3C_HOST_DEVICE void key_range(const fa3c_fwd_kernel_params &p, int row, int &lo, int &hi) {
-    int diag = query_of_row(p, row) + p.seqlen_k - p.seqlen_q;
+// Inclusive key range of row `row` of tile t.
+template <bool VARLEN>
+FA3C_HOST_DEVICE void key_range(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row, int &lo, int &hi) {
+    int diag = query_of_row(p, row) + tile_keys<VARLEN>(p, t) - p.seqlen_q;
     lo = p.window_left >= 0 ? max(diag - p.window_left, 0) : 0;
-    hi = p.window_right >= 0 ? min(diag + p.window_right, p.seqlen_k - 1) : p.seqlen_k - 1;
+    hi = p.window_right >= 0 ? min(diag + p.window_right, tile_keys<VARLEN>(p, t) - 1) : tile_keys<VARLEN>(p, t) - 1;
 }
 
 // First and last real row of the CTA's rows [m0, m0 + block_m): rows past
@@ -29,12 +44,13 @@ FA3C_HOST_DEVICE int last_row(const fa3c_fwd_kernel_params &p, int m0, int block
     return min(m0 + block_m, p.rows) - 1;
 }
 
-// Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) need at all.
-FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
-                                 int &n_begin, int &n_end) {
+// Key blocks [n_begin, n_end) that rows [m0, m0 + block_m) of tile t need at all.
+template <bool VARLEN>
+FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, const FwdTile &t, int m0, int block_m,
+                                      int block_n, int &n_begin, int &n_end) {
     int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, first_row(m0), lo_first, hi_first);
-    key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
+    key_range<VARLEN>(p, t, first_row(m0), lo_first, hi_first);
+    key_range<VARLEN>(p, t, last_row(p, m0, block_m), lo_last, hi_last);
     n_begin = lo_first / block_n;
     n_end = hi_last < 0 ? 0 : hi_last / block_n + 1;
     if (n_end < n_begin) n_end = n_begin;
@@ -44,11 +60,12 @@ FA3C_HOST_DEVICE void key_block_range(const fa3c_fwd_kernel_params &p, int m0, i
 // the CTA: the steady state, where the mask is skipped. lo and hi grow with
 // the row, so the tightest bounds are the last row's lo and the first row's
 // hi. Computed once per tile, so the per-block test is two compares.
-FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int m0, int block_m, int block_n,
-                                      int &u_begin, int &u_end) {
+template <bool VARLEN>
+FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, const FwdTile &t, int m0, int block_m,
+                                           int block_n, int &u_begin, int &u_end) {
     int lo_first, hi_first, lo_last, hi_last;
-    key_range(p, first_row(m0), lo_first, hi_first);
-    key_range(p, last_row(p, m0, block_m), lo_last, hi_last);
+    key_range<VARLEN>(p, t, first_row(m0), lo_first, hi_first);
+    key_range<VARLEN>(p, t, last_row(p, m0, block_m), lo_last, hi_last);
     u_begin = (lo_last + block_n - 1) / block_n;          // first block starting at or after lo_last
     u_end = hi_first < 0 ? 0 : (hi_first + 1) / block_n;  // blocks ending at or before hi_first
     if (u_end < u_begin) u_end = u_begin;
@@ -57,11 +74,11 @@ FA3C_HOST_DEVICE void unmasked_block_range(const fa3c_fwd_kernel_params &p, int 
 // Set masked scores of one accumulator tile (m64 x BLOCK_N, this thread's
 // registers) to -inf. Rows row0 and row0 + 8 belong to this thread; column of
 // register i is 8*(i/4) + 2*quad + (i%2).
-template <int BLOCK_N>
-FA3C_DEVICE void apply_mask(float *s, const fa3c_fwd_kernel_params &p, int row0, int n, int quad) {
+template <int BLOCK_N, bool VARLEN>
+FA3C_DEVICE void apply_mask(float *s, const fa3c_fwd_kernel_params &p, const FwdTile &t, int row0, int n, int quad) {
     int lo[2], hi[2];
-    key_range(p, row0, lo[0], hi[0]);
-    key_range(p, row0 + 8, lo[1], hi[1]);
+    key_range<VARLEN>(p, t, row0, lo[0], hi[0]);
+    key_range<VARLEN>(p, t, row0 + 8, lo[1], hi[1]);
     int col_base = n * BLOCK_N + 2 * quad;
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; i++) {

@@ -52,7 +52,15 @@ struct FwdTile {
     int m0;                     // first row (query, or query x head when packed)
     int n_begin, n_end;         // key blocks to visit, visited from n_end - 1 down
     int u_begin, u_end;         // key blocks with nothing masked (mask skipped)
+    int seqlen_k;               // keys of the tile's sequence: set in the variable-length instances only
 };
+
+// Keys of tile t's sequence: the call's, or in the variable-length instances
+// (VARLEN) the sequence's own, which tile_at looked up (keys_of_batch).
+template <bool VARLEN>
+FA3C_HOST_DEVICE int tile_keys(const fa3c_fwd_kernel_params &p, const FwdTile &t) {
+    return VARLEN ? t.seqlen_k : p.seqlen_k;
+}
 
 // A step's place at a stream-K cut: the CUT_START or CUT_REST piece of cut
 // `cut`, or CUT_NONE. Not part of FwdTile: the consumers look it up once,
@@ -71,7 +79,9 @@ FA3C_HOST_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
 }
 
 // The splits of one (batch, group, row block) are consecutive tile numbers.
-// Divisions by launch constants go through fast_div.h.
+// Divisions by launch constants go through fast_div.h. VARLEN: the
+// variable-length instances, whose sequences have their own number of keys.
+template <bool VARLEN = false>
 FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
     t.split = fa3c_mod(tile, p.div_splits);
@@ -85,10 +95,11 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
     t.head = t.group * p.pack;
     t.head_kv = fa3c_div(t.head, p.div_group_size);
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m - (FA3C_FWD_CAUSAL_SHIFT ? p.m_shift : 0);
-    key_block_range(p, t.m0, block_m, block_n, t.n_begin, t.n_end);
+    if (VARLEN) t.seqlen_k = keys_of_batch(p, t.batch);
+    key_block_range<VARLEN>(p, t, t.m0, block_m, block_n, t.n_begin, t.n_end);
     t.n_begin = max(t.n_begin, t.split * p.blocks_per_split);
     t.n_end = min(t.n_end, (t.split + 1) * p.blocks_per_split);
-    unmasked_block_range(p, t.m0, block_m, block_n, t.u_begin, t.u_end);
+    unmasked_block_range<VARLEN>(p, t, t.m0, block_m, block_n, t.u_begin, t.u_end);
     return t;
 }
 
@@ -100,12 +111,13 @@ FA3C_HOST_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_be
 // down), so it skips them (one block is always kept: rows that see no key
 // still come out as zeros and -inf on the usual path); and its unmasked range,
 // which may be wider than the tile's, so it masks fewer blocks.
+template <bool VARLEN = false>
 FA3C_HOST_DEVICE FwdTile warpgroup_part(const fa3c_fwd_kernel_params &p, const FwdTile &t, int index, int block_n) {
     FwdTile w = t;
     int m0 = t.m0 + 64 * index, begin, end;
-    key_block_range(p, m0, 64, block_n, begin, end);
+    key_block_range<VARLEN>(p, t, m0, 64, block_n, begin, end);
     w.n_end = max(min(end, t.n_end), t.n_begin + 1);
-    unmasked_block_range(p, m0, 64, block_n, w.u_begin, w.u_end);
+    unmasked_block_range<VARLEN>(p, t, m0, 64, block_n, w.u_begin, w.u_end);
     return w;
 }
 
@@ -140,9 +152,10 @@ struct HostCta {
 // included (they share every K/V load); without a mask or window those are
 // each half's own, and under one (FA3C_FWD_CLUSTER_MASKED) each warpgroup
 // skips the blocks masked for all its rows (warpgroup_part).
+template <bool VARLEN = false>
 FA3C_HOST_DEVICE FwdTile cta_tile_at(const fa3c_fwd_kernel_params &p, int tile, int cluster, int rank, int block_m,
                                      int block_n) {
-    FwdTile t = tile_at(p, tile, block_m * cluster, block_n);
+    FwdTile t = tile_at<VARLEN>(p, tile, block_m * cluster, block_n);
     t.m0 += rank * block_m;
     return t;
 }

@@ -1,10 +1,17 @@
 # CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
-# ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute).
+# ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute;
+# "all" includes the *_varlen ones only with FA3C_CUDA_VARLEN=ON).
 # (tools/gen_instances.py writes the files)
 set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hdim256 bf16_hdim256_n64
-                       fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256 fp16_hdim256_n64)
+                       fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256 fp16_hdim256_n64
+                       bf16_hdim64_varlen bf16_hdim96_varlen bf16_hdim128_varlen bf16_hdim192_varlen
+                       bf16_hdim256_varlen fp16_hdim64_varlen fp16_hdim96_varlen fp16_hdim128_varlen
+                       fp16_hdim192_varlen fp16_hdim256_varlen)
 if(FA3C_INSTANCES STREQUAL "all")
   set(_fa3c_selected ${FA3C_ALL_INSTANCES})
+  if(NOT FA3C_CUDA_VARLEN)   # "all" takes the *_varlen instances only with FA3C_CUDA_VARLEN=ON
+    list(FILTER _fa3c_selected EXCLUDE REGEX "_varlen$")
+  endif()
 else()
   set(_fa3c_selected ${FA3C_INSTANCES})
 endif()

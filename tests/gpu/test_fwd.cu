@@ -23,6 +23,8 @@ typedef struct {
     int sink_key;        // jump late; the last key: the first walked block holds a score far above the rest)
     int out_pad;         // elements of padding after each output token row (2: no 16-byte stores)
     int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
+    int seqused;         // 1: sequence b uses used[b] of the seqlen_k keys (seqused_k, the variable-length
+    int used[8];         // instances); the K and V rows past each count are NaN, which must not reach the output
 } fwd_case;
 
 static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
@@ -56,9 +58,12 @@ static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g packed=%d outlier=%g "
-           "key_ramp=%g sink=%g@%d splits=%d\n",
+           "key_ramp=%g sink=%g@%d splits=%d",
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
            c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.sink_key, c.num_splits);
+    for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k=", c.used[b]);
+    printf("\n");
+    CHECK(!c.seqused || (!c.packed_qkv && c.batch <= 8), "test case: seqused_k needs separate K, V and batch <= 8");
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -114,6 +119,18 @@ static void run_case(const char *label, fwd_case c) {
             if ((i / ((int64_t)HK * D)) % SK == c.sink_key)
                 tu_store(hk, c.dtype, i, tu_load(hk, c.dtype, i) * c.sink_scale);
     }
+    int32_t used[8];
+    if (c.seqused) {   // the keys past each sequence's count: NaN (a KV cache's unused rows may hold anything)
+        for (int b = 0; b < c.batch; b++) used[b] = c.used[b];
+        for (int64_t i = 0; i < nk; i++) {
+            int64_t b = i / (SK * HK * D), n = (i / (HK * D)) % SK;
+            if (n >= used[b]) {
+                tu_store(hk, c.dtype, i, NAN);
+                tu_store(hv, c.dtype, i, NAN);
+            }
+        }
+        p.problem.seqused_k = used;   // host memory for the CPU references; a device copy for the GPU run
+    }
     if (c.outlier > 0) {   // a few large entries in q and k: large logits
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
             int64_t j = tu_rand_int(0, (int)(nq - 1));
@@ -159,6 +176,7 @@ static void run_case(const char *label, fwd_case c) {
     void *dq = to_device(hpacked ? hpacked : hq, in_bytes_q);
     void *dk = hpacked ? (char *)dq + HQ * D * es : to_device(hk, nk * es);
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
+    int32_t *dused = c.seqused ? (int32_t *)to_device(used, sizeof used) : NULL;
     // The output sits between two guard regions of 256 token rows, which must
     // keep their poison: rows above row 0 (tiles shifted up under a causal
     // mask) and past the end are computed but must never be stored.
@@ -179,6 +197,7 @@ static void run_case(const char *label, fwd_case c) {
         g.v.data = dv;
         g.out.data = dout;
         g.lse = dlse;
+        g.problem.seqused_k = dused;
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -236,6 +255,7 @@ static void run_case(const char *label, fwd_case c) {
     if (!hpacked) { cudaFree(dk); cudaFree(dv); }
     cudaFree(dout_alloc);
     cudaFree(dlse);
+    cudaFree(dused);
     free(hpacked ? hpacked : hq);
     if (!hpacked) { free(hk); free(hv); }
     free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
@@ -698,6 +718,82 @@ TEST(fwd_split_kv) {
     run_case("64 splits asked, 2 key blocks", c);
 }
 
+// Sequences with their own number of keys (seqused_k: a KV cache of
+// seqlen_k rows per sequence, filled up to used[b]): the variable-length
+// instances. The rows past each count are NaN in K and V (run_case), so a
+// masked key that leaked, or a V row that P·V multiplied by P = 0 without
+// v_guard's zeros, shows in the output. Counts of 0 (zeros, LSE -inf), 1,
+// a whole block, one past a block, and all keys; every head dim and both
+// dtypes; causal (bottom-right aligned per sequence), window, softcap.
+// The variable-length kernels are built with FA3C_CUDA_VARLEN=ON (or listed in FA3C_INSTANCES).
+#define REQUIRE_VARLEN_KERNELS()                                                                         \
+    do {                                                                                                 \
+        int32_t used_ = 1;                                                                               \
+        fa3c_problem pr_;                                                                                \
+        memset(&pr_, 0, sizeof pr_);                                                                     \
+        pr_.dtype = FA3C_DTYPE_BF16;                                                                     \
+        pr_.headdim = 128;                                                                               \
+        pr_.seqused_k = &used_;                                                                          \
+        if (fa3c_cuda_fwd_block_n(&pr_) == 0)                                                            \
+            SKIP("this build has no variable-length (seqused_k) kernels: cmake -DFA3C_CUDA_VARLEN=ON");  \
+    } while (0)
+
+static fwd_case used_case(fwd_case c, int u0, int u1, int u2, int u3) {
+    const int u[4] = {u0, u1, u2, u3};
+    c.seqused = 1;
+    for (int b = 0; b < c.batch; b++) c.used[b] = u[b % 4];
+    return c;
+}
+
+TEST(fwd_seqused_k) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    run_case("hdim128", used_case(base_case(BF16, 4, 300, 1000, 2, 128), 0, 1, 517, 1000));
+    run_case("hdim128 causal", used_case(causal_case(BF16, 4, 300, 1000, 2, 128), 129, 1, 517, 300));
+    fwd_case c = used_case(base_case(FP16, 2, 200, 640, 2, 128), 128, 257, 0, 0);
+    c.softcap = 20.f;
+    run_case("hdim128 fp16 softcap", c);
+    c = used_case(causal_case(BF16, 3, 200, 700, 2, 64), 129, 700, 64, 0);   // 192-row tiles
+    run_case("hdim64 causal", c);
+    c = used_case(base_case(FP16, 2, 130, 300, 2, 96), 33, 250, 0, 0);   // 64-byte swizzle, register stores
+    run_case("hdim96 fp16", c);
+    c = used_case(base_case(BF16, 2, 100, 260, 4, 192), 113, 5, 0, 0);    // 112-key blocks
+    c.heads_kv = 2;
+    run_case("hdim192 gqa", c);
+    c = used_case(base_case(BF16, 2, 256, 400, 2, 256), 81, 333, 0, 0);   // 80-key blocks, O in the V ring
+    c.window_left = 100;
+    c.window_right = 0;
+    run_case("hdim256 window (100, 0)", c);
+    c = used_case(causal_case(FP16, 2, 180, 700, 2, 256), 700, 161, 0, 0);   // short causal: still 80-key blocks
+    c.softcap = 30.f;
+    run_case("hdim256 fp16 causal softcap", c);
+}
+
+// The same for decoding from a KV cache: GQA packing, split-KV (auto and
+// asked), a split past a sequence's last key (an empty partial).
+TEST(fwd_seqused_k_decode) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    fwd_case c = used_case(base_case(BF16, 3, 1, 3000, 16, 128), 1, 2999, 1500, 0);
+    c.heads_kv = 2;
+    run_case("decode gqa 8, auto splits", c);
+    c.num_splits = 4;
+    run_case("decode gqa 8, 4 splits", c);
+    c = used_case(base_case(BF16, 4, 4, 900, 8, 64), 0, 4, 130, 899);
+    c.heads_kv = 1;
+    c.causal = 1;
+    c.num_splits = 1;
+    run_case("mqa 8 hdim64, sq 4, causal", c);
+}
+
+// Small enough for compute-sanitizer (tools/gpu_check.sh).
+TEST(fwd_seqused_k_small) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    run_case("small hdim128", used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0));
+    run_case("small hdim256", used_case(base_case(BF16, 2, 70, 200, 2, 256), 81, 0, 0, 0));
+}
+
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.
 static void expect_not_supported(const char *what, fa3c_fwd_params p, const char *needle) {
     size_t bytes = (size_t)p.problem.batch * p.problem.seqlen_q * p.problem.heads_q * p.problem.headdim * 2;
@@ -746,6 +842,24 @@ TEST(fwd_not_supported_is_reported) {
     x = p;
     x.problem.dtype = FA3C_DTYPE_FP32;
     expect_not_supported("fp32", x, "fp32");
+    int32_t *arrays = NULL;   // device arrays the host never reads: cu_seqlens {0, 64}, a page table {0}
+    const int32_t host_arrays[4] = {0, S, 0, 0};
+    CUDA_OK(cudaMalloc((void **)&arrays, sizeof host_arrays));
+    CUDA_OK(cudaMemcpy(arrays, host_arrays, sizeof host_arrays, cudaMemcpyHostToDevice));
+    x = p;
+    x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
+    expect_not_supported("cu_seqlens", x, "cu_seqlens");
+    x = p;
+    x.problem.page_table = arrays + 2;
+    x.problem.page_table_stride = 1;
+    x.problem.page_size = S;
+    x.problem.num_pages = 1;
+    expect_not_supported("page table", x, "paged KV");
+    x = p;
+    x.problem.seqused_k = arrays + 1;   // {64}
+    if (fa3c_cuda_fwd_block_n(&x.problem) == 0)   // a build without the variable-length kernels
+        expect_not_supported("seqused_k without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
+    cudaFree(arrays);
     cudaFree(buf);
 }
 

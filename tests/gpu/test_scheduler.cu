@@ -13,7 +13,10 @@
 //   - the key blocks said to need no mask need none for any row, and every
 //     key a row may see lies in the tile's blocks;
 //   - the same for each consumer warpgroup's part of a tile (the key blocks
-//     it skips hold no key of its rows).
+//     it skips hold no key of its rows);
+//   - each row's keys are those of the library's definition (src/problem.h),
+//     for sequences of their own lengths (seqused_k: the variable-length
+//     instances' tile_at<true>) too.
 #include <string.h>
 #include "harness.h"
 #include "testutil.h"
@@ -21,10 +24,13 @@
 #include "cuda/fwd_plan.h"
 #include "cuda/fwd_tiles.h"
 #include "cuda/scheduler.cuh"
+#include "problem.h"
 
 typedef struct {
-    fa3c_problem pr;
+    fa3c_problem pr;   // pr.seqused_k unset: check_plan points it at used[] when varlen
     int num_splits, sms, l2_bytes, block_m, block_n;
+    int varlen;        // keys per sequence: used[b] (seqused_k; the variable-length instances)
+    int32_t used[4];
 } plan_case;
 
 static plan_case random_case(void) {
@@ -54,7 +60,39 @@ static plan_case random_case(void) {
     c.l2_bytes = l2[tu_rand_int(0, 2)];
     c.block_m = FA3C_FWD_BLOCK_M(c.pr.headdim);
     c.block_n = FA3C_FWD_BLOCK_N(c.pr.headdim);
+    c.varlen = tu_rand_int(0, 2) == 0;
+    for (int b = 0; b < 4; b++) {   // empty, full, one key, or anything in between
+        int kind = tu_rand_int(0, 5);
+        c.used[b] = kind == 0 ? 0 : kind == 1 ? c.pr.seqlen_k : kind == 2 ? 1 : tu_rand_int(0, c.pr.seqlen_k);
+    }
     return c;
+}
+
+// The kernel's functions in the fixed-length or the variable-length form,
+// as the plan says (p.seqused_k).
+static FwdTile tile_of(const fa3c_fwd_kernel_params &p, int tile, const plan_case *c) {
+    return p.seqused_k ? tile_at<true>(p, tile, c->block_m, c->block_n) : tile_at<false>(p, tile, c->block_m, c->block_n);
+}
+static FwdTile part_of(const fa3c_fwd_kernel_params &p, const FwdTile &t, int wg, int block_n) {
+    return p.seqused_k ? warpgroup_part<true>(p, t, wg, block_n) : warpgroup_part<false>(p, t, wg, block_n);
+}
+static void row_keys(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row, int &lo, int &hi) {
+    if (p.seqused_k) key_range<true>(p, t, row, lo, hi);
+    else key_range<false>(p, t, row, lo, hi);
+}
+static void blocks_of_rows(const fa3c_fwd_kernel_params &p, const FwdTile &t, int m0, int block_m, int block_n,
+                           int &begin, int &end) {
+    if (p.seqused_k) key_block_range<true>(p, t, m0, block_m, block_n, begin, end);
+    else key_block_range<false>(p, t, m0, block_m, block_n, begin, end);
+}
+
+// Whether tile row `row`'s keys [lo, hi] (empty when lo > hi) are the
+// library's definition of them for that query and sequence (src/problem.h).
+static int keys_as_defined(const fa3c_problem *pr, const fa3c_fwd_kernel_params &p, int batch, int row, int lo,
+                           int hi) {
+    int want_lo, want_hi;
+    fa3c_key_range(pr, row / p.pack, pr->seqlen_q, fa3c_seqlen_k_of(pr, batch), &want_lo, &want_hi);
+    return lo > hi ? want_lo > want_hi : lo == want_lo && hi == want_hi;
 }
 
 // The first of key blocks [begin, end) that masks some key of a row seeing
@@ -67,18 +105,25 @@ static int masked_block_in(int begin, int end, int lo, int hi, int block_n) {
 
 // Checks one plan; returns 0 (after CHECK failures) when something is wrong.
 static int check_plan(const plan_case *c) {
-    const fa3c_problem *pr = &c->pr;
+    fa3c_problem problem = c->pr;
+    if (c->varlen) problem.seqused_k = c->used;
+    const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n};
     int pack = fa3c_fwd_plan_pack(pr, c->block_m);
     fa3c_status st = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts);
     char what[200];
-    snprintf(what, sizeof what, "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d",
+    snprintf(what, sizeof what,
+             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d seqused %s%d,%d,..",
              pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
-             pr->window_left, pr->window_right, c->num_splits, c->sms, c->l2_bytes);
+             pr->window_left, pr->window_right, c->num_splits, c->sms, c->l2_bytes, c->varlen ? "" : "(off) ",
+             c->used[0], c->used[1]);
     CHECK(st == FA3C_STATUS_OK, "%s: plan failed", what);
     if (st != FA3C_STATUS_OK) return 0;
+    CHECK(p.seqused_k == pr->seqused_k && (!p.seqused_k || (p.tail_units == 0 && p.cluster == 1)),
+          "%s: seqused_k %p, tail %lld, cluster %d", what, (const void *)p.seqused_k, (long long)p.tail_units,
+          p.cluster);
     CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
           p.num_splits);
@@ -118,7 +163,7 @@ static int check_plan(const plan_case *c) {
             CHECK(ok, "%s: cta %d step %d: tile %d of %d (%d visits before)", what, cta, step, tile, p.num_tiles,
                   ok ? visits[tile] : -1);
             if (!ok) break;
-            FwdTile t = tile_at(p, tile, c->block_m, c->block_n);
+            FwdTile t = tile_of(p, tile, c);
             if (tile >= p.whole_tiles) piece_of_tail_tile(p, step, HostCta{grid, cta}, t);
             if (tile >= p.whole_tiles) share += t.n_end - t.n_begin;
             TailCut cut = cut_of_step(p, step, HostCta{grid, cta});
@@ -132,7 +177,7 @@ static int check_plan(const plan_case *c) {
     CHECK(!ok || p.tail_units == 0 || share_max - share_min <= 1, "%s: tail shares of %lld to %lld key blocks", what,
           (long long)share_min, (long long)share_max);
     for (int i = 0; i < p.num_tiles && ok; i++) {
-        FwdTile t = tile_at(p, i, c->block_m, c->block_n);
+        FwdTile t = tile_of(p, i, c);
         const piece *a = &pieces[2 * i], *b = &pieces[2 * i + 1];
         if (visits[i] == 1) {
             ok = a->part == CUT_NONE && a->n_begin == t.n_begin && a->n_end == t.n_end;
@@ -163,21 +208,26 @@ static int check_plan(const plan_case *c) {
     const int row_blocks = p.batch * p.groups * p.num_m_blocks;
     int *covered = (int *)calloc((size_t)row_blocks * key_blocks, sizeof(int));
     for (int tile = 0; tile < p.num_tiles && ok; tile++) {
-        FwdTile t = tile_at(p, tile, c->block_m, c->block_n);
+        FwdTile t = tile_of(p, tile, c);
         ok = t.batch >= 0 && t.batch < p.batch && t.group >= 0 && t.group < p.groups && t.head == t.group * pack &&
              t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && (t.m0 + p.m_shift) % c->block_m == 0 &&
              t.m0 + c->block_m > 0 && t.m0 < p.rows && t.split >= 0 && t.split < p.num_splits;
         CHECK(ok, "%s: tile %d -> batch %d group %d head %d kv %d m0 %d split %d", what, tile, t.batch, t.group,
               t.head, t.head_kv, t.m0, t.split);
         if (!ok) break;
+        ok = !p.seqused_k || t.seqlen_k == fa3c_seqlen_k_of(pr, t.batch);
+        CHECK(ok, "%s: tile %d of batch %d: %d keys (want %d)", what, tile, t.batch, t.seqlen_k,
+              fa3c_seqlen_k_of(pr, t.batch));
         int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + (t.m0 + p.m_shift) / c->block_m;
         for (int n = t.n_begin; n < t.n_end; n++) covered[(size_t)rb * key_blocks + n]++;
         int full_begin, full_end;
-        key_block_range(p, t.m0, c->block_m, c->block_n, full_begin, full_end);
+        blocks_of_rows(p, t, t.m0, c->block_m, c->block_n, full_begin, full_end);
         int last = last_row(p, t.m0, c->block_m);
         for (int row = first_row(t.m0); row <= last && ok; row++) {
             int lo, hi;
-            key_range(p, row, lo, hi);
+            row_keys(p, t, row, lo, hi);
+            ok = keys_as_defined(pr, p, t.batch, row, lo, hi);
+            CHECK(ok, "%s: tile %d row %d: keys [%d, %d], not as src/problem.h defines them", what, tile, row, lo, hi);
             if (lo > hi) continue;   // a fully masked row
             ok = lo / c->block_n >= full_begin && hi / c->block_n < full_end;
             CHECK(ok, "%s: row %d keys [%d, %d] outside blocks [%d, %d)", what, row, lo, hi, full_begin, full_end);
@@ -191,13 +241,13 @@ static int check_plan(const plan_case *c) {
             int first = t.m0 + 64 * wg;
             if (first >= p.rows) break;
             if (first < 0) continue;   // its rows above row 0 (m_shift): idle
-            FwdTile w = warpgroup_part(p, t, wg, c->block_n);
+            FwdTile w = part_of(p, t, wg, c->block_n);
             ok = w.n_begin == t.n_begin && w.n_end > t.n_begin && w.n_end <= t.n_end;
             CHECK(ok, "%s: tile %d warpgroup %d keeps blocks [%d, %d) of [%d, %d)", what, tile, wg, w.n_begin,
                   w.n_end, t.n_begin, t.n_end);
             for (int row = first_row(first); row <= last_row(p, first, 64) && ok; row++) {
                 int lo, hi;
-                key_range(p, row, lo, hi);
+                row_keys(p, t, row, lo, hi);
                 if (lo > hi) continue;
                 ok = hi < w.n_end * c->block_n || w.n_end == t.n_end;
                 CHECK(ok, "%s: tile %d warpgroup %d row %d sees key %d, past its blocks [%d, %d)", what, tile, wg, row,
@@ -212,7 +262,9 @@ static int check_plan(const plan_case *c) {
     }
     for (int rb = 0; rb < row_blocks && ok; rb++) {
         int m0 = rb % p.num_m_blocks * c->block_m - p.m_shift, begin, end;
-        key_block_range(p, m0, c->block_m, c->block_n, begin, end);
+        FwdTile seq;   // the row block's sequence, for its number of keys
+        seq.seqlen_k = keys_of_batch(p, rb / (p.groups * p.num_m_blocks));
+        blocks_of_rows(p, seq, m0, c->block_m, c->block_n, begin, end);
         for (int n = 0; n < key_blocks && ok; n++) {
             int want = n >= begin && n < end;
             ok = covered[(size_t)rb * key_blocks + n] == want;
@@ -256,6 +308,28 @@ TEST(instance_choice_hdim256_short_causal) {
     pr.dtype = FA3C_DTYPE_FP16;
     CHECK(fa3c_cuda_fwd_block_n(&pr) == 64 || fa3c_cuda_fwd_block_n(&pr) == 0, "fp16: block_n %d",
           fa3c_cuda_fwd_block_n(&pr));
+    // With seqused_k only the variable-length instance (80-key blocks) may run it, or none.
+    const int32_t used = 200;
+    pr.dtype = FA3C_DTYPE_BF16;
+    pr.seqused_k = &used;
+    CHECK(fa3c_cuda_fwd_block_n(&pr) == FA3C_FWD_BLOCK_N(256) || fa3c_cuda_fwd_block_n(&pr) == 0,
+          "seqused_k, window, 300 keys: block_n %d", fa3c_cuda_fwd_block_n(&pr));
+}
+
+// The variable-length instances read seqused_k from device memory, which
+// the host cannot check: a count below 0 or above seqlen_k is kept within
+// [0, seqlen_k], so the kernel never walks keys past the K/V tensors.
+TEST(scheduler_seqused_k_clamped) {
+    fa3c_fwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    const int32_t used[4] = {-5, 0, 700, 1000};
+    p.seqlen_k = 700;
+    CHECK(keys_of_batch(p, 2) == 700, "no seqused_k: %d keys", keys_of_batch(p, 2));
+    p.seqused_k = used;
+    CHECK(keys_of_batch(p, 0) == 0 && keys_of_batch(p, 1) == 0 && keys_of_batch(p, 2) == 700 &&
+              keys_of_batch(p, 3) == 700,
+          "keys %d %d %d %d (want 0 0 700 700)", keys_of_batch(p, 0), keys_of_batch(p, 1), keys_of_batch(p, 2),
+          keys_of_batch(p, 3));
 }
 
 TEST(scheduler_random_plans) {
@@ -298,14 +372,14 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
             for (int k = 0; k < 2 && ok; k++) {
                 const FwdTile &t = r[k];
                 int begin, end;
-                key_block_range(p, t.m0, c->block_m, c->block_n, begin, end);
+                key_block_range<false>(p, t, t.m0, c->block_m, c->block_n, begin, end);
                 ok = unmasked ? begin == t.n_begin && end == t.n_end
                               : t.m0 + c->block_m <= 0 || begin >= end || (begin >= t.n_begin && end <= t.n_end);
                 CHECK(ok, "%s: rank %d at m0 %d needs blocks [%d, %d), walks [%d, %d)", what, k, t.m0, begin, end,
                       t.n_begin, t.n_end);
                 for (int row = first_row(t.m0); row <= last_row(p, t.m0, c->block_m) && ok; row++) {
                     int lo, hi;
-                    key_range(p, row, lo, hi);
+                    key_range<false>(p, t, row, lo, hi);
                     if (lo > hi) continue;
                     int bad = masked_block_in(t.u_begin, t.u_end, lo, hi, c->block_n);
                     ok = lo / c->block_n >= t.n_begin && hi / c->block_n < t.n_end && bad < 0;
@@ -328,7 +402,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                           t.n_begin, t.n_end);
                     for (int row = wg_m0; row <= last_row(p, wg_m0, 64) && ok; row++) {
                         int lo, hi;
-                        key_range(p, row, lo, hi);
+                        key_range<false>(p, t, row, lo, hi);
                         if (lo > hi) continue;
                         int bad = masked_block_in(max(w.u_begin, t.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n);
                         ok = lo / c->block_n >= t.n_begin && hi / c->block_n < w.n_end && bad < 0;
@@ -355,7 +429,9 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
 // kernel's clusters would (walk_clusters). Returns 0 when something is
 // wrong, else the cluster size.
 static int check_cluster_plan(const plan_case *c, int masked) {
-    const fa3c_problem *pr = &c->pr;
+    fa3c_problem problem = c->pr;
+    if (c->varlen) problem.seqused_k = c->used;   // never paired (not built for them)
+    const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
@@ -370,7 +446,7 @@ static int check_cluster_plan(const plan_case *c, int masked) {
     if (!ok) return 0;
     const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
     const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
-    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0;
+    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k;
     ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
          (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
     CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
@@ -459,6 +535,7 @@ TEST(scheduler_cluster_pairs) {
     int paired = 0, paired_masked = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
+        c.varlen = i % 10 == 0;   // a tenth with seqused_k, which must never pair
         if (i % 2) {   // half of them without a mask or split-KV, where clusters may apply
             c.pr.causal = 0;
             c.pr.window_left = c.pr.window_right = -1;
