@@ -2,12 +2,15 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode] [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode] [--seqused] [--csv FILE]
  * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too);
  * --seqlen (repeatable) replaces the grid's sequence lengths (batch = 16384 / S, rounded down).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
  * --decode: bench.py's six decode shapes instead (seqlen_q 1, split-KV on auto); the
- * seqlen column is seqlen_k, and the last column is GB/s of q, k, v and out, not TFLOPS. */
+ * seqlen column is seqlen_k, and the last column is GB/s of q, k, v and out, not TFLOPS.
+ * --seqused: every call passes seqused_k = seqlen_k for each sequence (the same work), so that
+ * the variable-length kernels (built with FA3C_CUDA_VARLEN=ON) run: their cost against a run
+ * without it. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -73,6 +76,16 @@ static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1
     return times[15];
 }
 
+/* --seqused: seqused_k = seqlen_k for each of `batch` sequences, in device memory. */
+static int32_t *used_keys;
+static void set_seqused(fa3c_fwd_params *p) {
+    if (!used_keys) return;
+    int32_t host[64];
+    for (int b = 0; b < p->problem.batch && b < 64; b++) host[b] = p->problem.seqlen_k;
+    CUDA_TRY(cudaMemcpy(used_keys, host, sizeof host, cudaMemcpyHostToDevice));
+    p->problem.seqused_k = used_keys;
+}
+
 /* Dense (batch, seq, heads, D) strides of one tensor. */
 static void set_dense(fa3c_tensor *t, void *data, int seq, int heads, int d) {
     t->data = data;
@@ -129,6 +142,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
         set_dense(&p.out, o, 1, hq, d);
         p.lse = lse;
         p.backend = FA3C_BACKEND_CUDA;
+        set_seqused(&p);
         fa3c_status st = fa3c_fwd(&p, NULL);
         if (st != FA3C_STATUS_OK) {
             printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, 0, sk, b, hq, fa3c_last_error());
@@ -147,7 +161,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, decode = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
+    int quick = 0, decode = 0, seqused = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -156,9 +170,11 @@ int main(int argc, char **argv) {
                  atoi(argv[i + 1]) <= 16384)
             own_seqlens[nown++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "--seqused")) seqused = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode] [--csv FILE]\n",
+            fprintf(stderr,
+                    "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode] [--seqused] [--csv FILE]\n",
                     argv[0]);
             return 2;
         }
@@ -169,6 +185,7 @@ int main(int argc, char **argv) {
     }
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops\n");
+    if (seqused) CUDA_TRY(cudaMalloc((void **)&used_keys, 64 * sizeof(int32_t)));   /* batch <= 32 in every shape */
     cudaEvent_t e0, e1;
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
@@ -216,6 +233,7 @@ int main(int argc, char **argv) {
                 set_dense(&p.out, o, s, heads, d);
                 p.lse = lse;
                 p.backend = FA3C_BACKEND_CUDA;
+                set_seqused(&p);
                 fa3c_status st = fa3c_fwd(&p, NULL);
                 if (st != FA3C_STATUS_OK) {
                     printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, causal, s, b, heads, fa3c_last_error());

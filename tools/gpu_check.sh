@@ -82,6 +82,12 @@ fi
 # 7. Benchmark: fa3c alone (C, CUDA events), then fa3c and the peers in one process if bench/bench.py exists.
 timeout 300 build-gpu/bench_fwd_gpu $([ "$MODE" = quick ] && echo --quick) --csv "$OUT/bench_fwd_gpu.csv" >"$OUT/bench_fwd_gpu.log" 2>&1
 note "bench_fwd_gpu rc=$?"
+# The same shapes through the variable-length kernels (seqused_k = seqlen_k: the same work).
+if [ "${SEQUSED_BENCH:-1}" = 1 ]; then
+  timeout 300 build-gpu/bench_fwd_gpu --quick --seqused --csv "$OUT/bench_fwd_gpu_seqused.csv" \
+    >"$OUT/bench_fwd_gpu_seqused.log" 2>&1
+  note "bench_fwd_gpu --seqused rc=$?"
+fi
 if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
   # .peers/: the stored peer runs (shared/peers), carried in by the caller when wanted.
   FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout $(( ${BENCH_BUDGET:-300} + 120 )) \
@@ -93,9 +99,10 @@ fi
 # Only a few files come back from the machine: keep the main ones, pack the rest.
 (cd "$OUT" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz --exclude='*.ncu-rep' \
   $(ls | grep -vE '^(results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt)$') 2>/dev/null &&
-  ls | grep -vE '^(all_logs.tar.gz|results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log)$' | xargs rm -rf)
+  ls | grep -vE '^(all_logs.tar.gz|results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log|bench_fwd_gpu_seqused\.log)$' | xargs rm -rf)
 
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 echo; echo "==== fa3c forward (bf16, TFLOPS)"; cat "$OUT/bench_fwd_gpu.log"
+[ -f "$OUT/bench_fwd_gpu_seqused.log" ] && { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; }
 [ -f "$OUT/results.md" ] && { echo; echo "==== vs peers"; cat "$OUT/results.md"; }
 exit 0

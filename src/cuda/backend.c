@@ -197,15 +197,17 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (pr->cu_seqlens_q || pr->cu_seqlens_k)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches (cu_seqlens) are not "
                           "supported yet (seqused_k is)");
-    if (!find_fwd(pr) && pr->seqused_k)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: seqused_k needs the variable-length kernel for %s headdim %d, which this "
-                          "build lacks (cmake -DFA3C_CUDA_VARLEN=ON; not yet verified on a GPU)",
-                          dtype_name(pr->dtype), pr->headdim);
-    if (!find_fwd(pr))
+    fa3c_problem fixed = *pr;
+    fixed.seqused_k = NULL;
+    if (!find_fwd(&fixed))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
+    if (!find_fwd(pr))   /* seqused_k, and the build has the fixed-length instance only */
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA forward: seqused_k needs the variable-length kernel %s_hdim%d_varlen, which this build "
+                          "lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified on a GPU)",
+                          dtype_name(pr->dtype), pr->headdim);
     if (pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: a paged KV cache is not supported yet");
     fa3c_status s;

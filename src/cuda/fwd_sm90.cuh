@@ -296,13 +296,12 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
 template <int D, int ROWS>
 FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
     typedef TileLayout<D> L;
-    const int first_unit = valid * (L::ROW_BYTES / 16), units = ROWS * (L::ROW_BYTES / 16);   // 16-byte units
+    const uint32_t base = smem_addr(tile);
+    const int first_unit = max(valid, 0) * (L::ROW_BYTES / 16), units = ROWS * (L::ROW_BYTES / 16);   // 16-byte units
 #pragma unroll 1
-    for (int c = 0; c < D / L::CHUNK; c++) {
-        uint4 *chunk = (uint4 *)(tile + c * ROWS * L::ROW_BYTES);
+    for (int c = 0; c < D / L::CHUNK; c++)
 #pragma unroll 1
-        for (int u = first_unit + lane; u < units; u += 32) chunk[u] = make_uint4(0, 0, 0, 0);
-    }
+        for (int u = first_unit + lane; u < units; u += 32) st_shared_zero16(base + (c * units + u) * 16);
 }
 
 // The variable-length instances' second producer warp. It walks the

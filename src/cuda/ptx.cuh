@@ -254,6 +254,11 @@ FA3C_DEVICE void st_shared_f32(float *dst, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
 }
 
+// 16 zero bytes at a 16-byte aligned shared address (PTX ISA 9.7.9.10, st).
+FA3C_DEVICE void st_shared_zero16(uint32_t addr) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
+}
+
 // Keep the compiler from moving accumulator accesses across fences/waits.
 FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
