@@ -20,8 +20,8 @@ typedef struct {
     /* 0: the head dim's main instance; > 0: used instead of it for calls
      * under a causal mask (a right bound) with seqlen_k <= short_causal_keys. */
     int short_causal_keys;
-    /* 1: for calls whose sequences have their own number of keys (seqused_k),
-     * and only for those (fwd_sm90.cuh, VARLEN). */
+    /* 1: for calls whose sequences have their own number of keys (seqused_k)
+     * or a paged KV cache, and only for those (fwd_sm90.cuh, VARLEN). */
     int varlen;
     fa3c_fwd_launcher launch;
 } fwd_instance;
@@ -112,11 +112,11 @@ static fa3c_fwd_plan_facts device_facts(void) {
 }
 
 /* The instance for this call: the dtype and head dim's variable-length one
- * for calls with seqused_k; else its main one, or its short-causal one where
- * the call qualifies and the build has it. */
+ * for calls with seqused_k or a page table; else its main one, or its
+ * short-causal one where the call qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
-    int right_bound = pr->causal || pr->window_right >= 0, varlen = pr->seqused_k != NULL;
+    int right_bound = pr->causal || pr->window_right >= 0, varlen = pr->seqused_k || pr->page_table;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
         if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
@@ -183,10 +183,9 @@ static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
 }
 
 /* Inputs are read with TMA: aligned, and strides in multiples of 16 bytes. */
-static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, const fa3c_problem *pr, int seqlen,
-                                   int heads) {
+static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int outer, int seqlen, int heads) {
     fa3c_status s = check_tensor(name, t);
-    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, pr->batch, seqlen, heads);
+    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, outer, seqlen, heads);
 }
 
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
@@ -199,21 +198,27 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
                           "supported yet (seqused_k is)");
     fa3c_problem fixed = *pr;
     fixed.seqused_k = NULL;
+    fixed.page_table = NULL;
     if (!find_fwd(&fixed))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
-    if (!find_fwd(pr))   /* seqused_k, and the build has the fixed-length instance only */
+    if (!find_fwd(pr))   /* seqused_k or paged KV, and the build has the fixed-length instance only */
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: seqused_k needs the variable-length kernel %s_hdim%d_varlen, which this build "
-                          "lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified on a GPU)",
-                          dtype_name(pr->dtype), pr->headdim);
-    if (pr->page_table)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: a paged KV cache is not supported yet");
+                          "CUDA forward: seqused_k and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
+                          "this build lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified "
+                          "on a GPU)", dtype_name(pr->dtype), pr->headdim);
+    /* Paged: boxes of gcd(block_n, page_size) rows, whole swizzle atoms. */
+    if (pr->page_table && fa3c_fwd_plan_page_rows(pr, find_fwd(pr)->block_n) % 8 != 0)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA forward: a paged KV cache needs page_size to be a multiple of 8 (got %d)",
+                          pr->page_size);
+    /* K and V: per sequence (batch, seqlen_k), or pages (num_pages, page_size). */
+    int kv_outer = pr->page_table ? pr->num_pages : pr->batch, kv_rows = pr->page_table ? pr->page_size : pr->seqlen_k;
     fa3c_status s;
-    if ((s = check_tma_input("q", &p->q, pr, pr->seqlen_q, pr->heads_q)) ||
-        (s = check_tma_input("k", &p->k, pr, pr->seqlen_k, pr->heads_kv)) ||
-        (s = check_tma_input("v", &p->v, pr, pr->seqlen_k, pr->heads_kv)) || (s = check_tensor("out", &p->out)))
+    if ((s = check_tma_input("q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+        (s = check_tma_input("k", &p->k, kv_outer, kv_rows, pr->heads_kv)) ||
+        (s = check_tma_input("v", &p->v, kv_outer, kv_rows, pr->heads_kv)) || (s = check_tensor("out", &p->out)))
         return s;
     for (int i = 0; i < 3; i++)
         if (p->out.stride[i] % 2 != 0)
@@ -263,14 +268,18 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, pack,
                                            pr->headdim, cols, block_m) != FA3C_STATUS_OK)
         pack = 1;   /* strides the 5-D map can't take: no packing */
-    /* K and V boxes: a key block, or in a cluster the half each CTA loads for both. */
+    /* K and V boxes: a key block, in a cluster the half each CTA loads for
+     * both, or with a page table a part of a block inside one page (k.page_rows). */
     if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
                                                   pr->headdim, cols, block_m))) ||
-        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)) ||
-        (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  cols, block_n / k.cluster)) ||
-        (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, pr->headdim,
-                                  cols, block_n / k.cluster)))
+        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))
+        return s;
+    int kv_outer = pr->page_table ? pr->num_pages : pr->batch, kv_rows = pr->page_table ? pr->page_size : pr->seqlen_k;
+    int kv_box = pr->page_table ? k.page_rows : block_n / k.cluster;
+    if ((s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
+                                  kv_box)) ||
+        (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
+                                  kv_box)))
         return s;
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];

@@ -22,6 +22,17 @@ static int l2_section_heads(const fa3c_problem *pr, int pack, int l2_bytes) {
     return fit < 1.0 ? 1 : fit >= (double)pairs ? (int)pairs : (int)fit;
 }
 
+static int gcd(int a, int b) {
+    while (b) {
+        int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(block_n, pr->page_size); }
+
 /* GQA packing (fwd_params.h): the query heads that share a KV head go into
  * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
  * short (decode): each K/V block is then loaded once for all of them, and
@@ -85,7 +96,7 @@ static void plan_tail(fa3c_fwd_kernel_params *k) {
     fa3c_fwd_plan_drop_tail(k);
     long long g = k->grid, t = k->num_tiles, b = k->blocks_per_split;
     if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->cluster > 1 || k->num_splits != 1 || k->window_left >= 0 ||
-        k->window_right >= 0 || k->seqused_k || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
+        k->window_right >= 0 || k->seqused_k || k->page_table || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
         return;
     long long tail = t - (t / g - 1) * g;
     /* The scheduler's unit arithmetic stays in 31 bits (share bounds, g^2). */
@@ -112,6 +123,12 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
     k->seqused_k = pr->seqused_k;
+    /* Paged KV: boxes of gcd(block_n, page_size) rows (fwd_params.h); the
+     * caller checks that this is a multiple of 8 (fa3c_fwd_plan_page_rows). */
+    k->page_table = pr->page_table;
+    k->page_table_stride = pr->page_table ? pr->page_table_stride : 0;
+    k->page_rows = pr->page_table ? fa3c_fwd_plan_page_rows(pr, facts->block_n) : 0;
+    k->div_page_size = fa3c_fast_div_make(pr->page_table ? pr->page_size : 1);
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
     k->window_left = pr->window_left;
@@ -141,11 +158,11 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * without a mask or window (both halves of a pair walk the same key
      * blocks) unless facts->cluster_masked (the pair walks the blocks of both
      * halves, each warpgroup skipping those masked for all its rows); not
-     * for sequences of their own lengths (not built for them yet). From here
-     * on tiles are cluster tiles, dealt out to clusters. */
+     * for sequences of their own lengths or paged KV (not built for them
+     * yet). From here on tiles are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
     k->cluster = facts->cluster > 1 && (unmasked || facts->cluster_masked) && k->num_splits == 1 &&
-                         !k->seqused_k && k->num_m_blocks % 2 == 0
+                         !k->seqused_k && !k->page_table && k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;
     k->num_m_blocks /= k->cluster;

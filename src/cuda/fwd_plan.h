@@ -25,12 +25,17 @@ typedef struct fa3c_fwd_plan_facts {
                              (FA3C_FWD_CLUSTER_MASKED) */
 } fa3c_fwd_plan_facts;
 
+/* Paged KV: the rows of each K/V box, gcd(block_n, page_size): a box must
+ * lie inside one page, and the kernel needs a multiple of 8 (whole swizzle
+ * atoms), i.e. page_size % 8 == 0. */
+int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n);
+
 /* The GQA pack the plan would use: heads_q / heads_kv when packing the
  * query heads of a KV head into one tile takes fewer tiles and the group
  * divides block_m; else 1. */
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m);
 
-/* Fills k's batch, seqlens, seqused_k, heads, window (causal is window_right = 0),
+/* Fills k's batch, seqlens, seqused_k, page table fields, heads, window (causal is window_right = 0),
  * pack (as given), groups, rows, grid, cluster,
  * num_m_blocks, num_splits, blocks_per_split, num_tiles, section_heads,
  * the order's constants and the stream-K tail (whole_tiles, tail_blocks,

@@ -200,20 +200,50 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
     }
 }
 
+// Paged KV (p.page_table; variable-length instances): key block n of tile
+// t's sequence from its pages, as boxes of p.page_rows rows, each inside one
+// page (page_rows divides both BLOCK_N and page_size, and is a multiple of
+// 8, so every box starts on a swizzle atom and the tile's layout is that of
+// one box). The boxes wholly past the sequence's last key are not loaded:
+// their page table entries need not be valid, their K rows are masked and
+// their V rows zeroed (v_guard). Arrives on `bar` expecting the bytes loaded.
+template <int D, int BLOCK_N>
+FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, const fa3c_fwd_kernel_params &p,
+                               const FwdTile &t, int n) {
+    typedef TileLayout<D> L;
+    const int key0 = n * BLOCK_N, rows = min(BLOCK_N, t.seqlen_k - key0);   // >= 1 (v_guard)
+    const int boxes = (rows + p.page_rows - 1) / p.page_rows;
+    mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
+    const int *table = p.page_table + t.batch * p.page_table_stride;
+#pragma unroll 1
+    for (int i = 0; i < boxes; i++) {
+        const int key = key0 + i * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
+        const int page = table[page_index], row = key - page_index * p.div_page_size.d;
+#pragma unroll
+        for (int c = 0; c < D / L::CHUNK; c++)
+            tma_load_4d(dst + (c * BLOCK_N + i * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row, t.head_kv,
+                        page);
+    }
+}
+
 // K of key block n into the slot of ring index r, once the slot is free.
-template <int D, int BLOCK_N, int STAGES, bool PAIRED>
+template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
                            int n) {
     int s = stage_of(r, STAGES);
     mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
+    if (VARLEN && p.page_table) {
+        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n);
+        return;
+    }
     mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
     load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // V of key block n into the slot of ring index r. `first_of_tile`: with O
 // staged in the V ring, the previous tile's O stores must have read it.
-template <int D, int BLOCK_N, int STAGES, bool PAIRED>
+template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
                            int n, bool first_of_tile, int tile_count) {
     int s = stage_of(r, STAGES);
@@ -221,6 +251,10 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && first_of_tile && tile_count > 0)
         mbar_wait_parity(&sm.o_free, (uint32_t)(tile_count - 1) & 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
+    if (VARLEN && p.page_table) {
+        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n);
+        return;
+    }
     mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
     load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
@@ -258,12 +292,10 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
 // one: at the tile's start, or (FA3C_FWD_EARLY_Q, Q in registers) during
 // the tile before, after the first of its key blocks at which the Q buffer
 // is already free (the producer never waits for it there: that would hold
-// back the K and V it streams ahead, which short tiles need). Not in the
-// variable-length instances: the next tile's key count, looked up there,
-// spilled the producer's 24 registers.
+// back the K and V it streams ahead, which short tiles need).
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
-    enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() && !VARLEN };
+    enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
     int ring = 0, q_uses = 0, tiles = 0;
     bool q_loaded = false;   // this tile's Q was loaded during the last one (EARLY_Q)
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
@@ -274,8 +306,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES>(p, sm, t, q_uses++);
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-            produce_k<D, BLOCK_N, STAGES, PAIRED>(p, sm, t, ring, n);
-            produce_v<D, BLOCK_N, STAGES, PAIRED>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
+            produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
             // The next tile is looked up here, not kept: the producer's 24
             // registers would spill it.
             FwdTile next;
@@ -307,8 +339,9 @@ FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
 // The variable-length instances' second producer warp. It walks the
 // producer's key blocks; once a V tile has landed, it zeroes the rows past
 // the sequence's last key, then lets the consumers read the slot (v_ready,
-// which they wait for instead of v_full). Those rows are the K/V tensors'
-// rows past seqused_k, which may hold anything, NaN included, and P·V would
+// which they wait for instead of v_full). Those rows are the cache's rows
+// past seqused_k or past the sequence's end in its last page, which may hold
+// anything, NaN included, or (paged) rows not loaded at all, and P·V would
 // multiply them by P = 0 (0 x NaN = NaN: FA3 has this bug with KV caches).
 // Keys need no such care: their scores are masked to -inf.
 template <int D, int BLOCK_N, int STAGES>
@@ -1002,7 +1035,11 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
     // Warpgroup-uniform role, as setmaxnreg requires.
     int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
-        reg_dealloc<FA3C_FWD_PRODUCER_REGS(D)>();
+        // The variable-length instances' producer (key counts, page table
+        // lookups) and v_guard get 32 registers: with 24 they spilled.
+        // 128 x 32 + 256 x 240 is still the register file, as is hdim 64's
+        // 128 x (32 + 3 x 160).
+        reg_dealloc<VARLEN ? 32 : FA3C_FWD_PRODUCER_REGS(D)>();
         // In a cluster (p.cluster = 2) the producer is a copy of its own: a
         // run-time branch per load spilled the 24-register producer.
         if (threadIdx.x == 0) {

@@ -25,6 +25,7 @@ typedef struct {
     int num_splits;      // split-KV: 0 = auto (the default), 1 = off, n = at most n
     int seqused;         // 1: sequence b uses used[b] of the seqlen_k keys (seqused_k, the variable-length
     int used[8];         // instances); the K and V rows past each count are NaN, which must not reach the output
+    int page_size;       // > 0: the GPU reads K and V from a paged cache (page table; the references do not)
 } fwd_case;
 
 static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
@@ -63,10 +64,11 @@ static void run_case(const char *label, fwd_case c) {
            c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.sink_key, c.num_splits);
     for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k=", c.used[b]);
     printf("\n");
-    if (c.seqused && (c.packed_qkv || c.batch > 8)) {
-        CHECK(0, "test case: seqused_k needs separate K, V and batch <= 8");
+    if ((c.seqused || c.page_size) && (c.packed_qkv || c.batch > 8)) {
+        CHECK(0, "test case: seqused_k and paging need separate K, V and batch <= 8");
         return;
     }
+    if (c.page_size) printf("    paged: pages of %d keys\n", c.page_size);
 
     // Inputs: separate tensors, or one packed (b, s, 3, h, d) buffer.
     int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D;
@@ -180,6 +182,41 @@ static void run_case(const char *label, fwd_case c) {
     void *dk = hpacked ? (char *)dq + HQ * D * es : to_device(hk, nk * es);
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
     int32_t *dused = c.seqused ? (int32_t *)to_device(used, (size_t)c.batch * sizeof used[0]) : NULL;
+    // Paged (c.page_size): the logical K and V rows go to the pages of a shuffled table, in a cache whose
+    // other rows and pages are NaN; each table row has one entry more than needed, -1.
+    const int ps = c.page_size, pages_per_seq = ps ? (int)((SK + ps - 1) / ps) : 0;
+    const int num_pages = c.batch * pages_per_seq + 3;   // 3 pages no sequence uses
+    const int64_t table_stride = pages_per_seq + 1, page_elems = (int64_t)ps * HK * D;
+    void *dpk = NULL, *dpv = NULL;
+    int32_t *dtable = NULL;
+    if (ps) {
+        int32_t *perm = (int32_t *)tu_alloc((size_t)num_pages * 4), *table = (int32_t *)tu_alloc((size_t)B * table_stride * 4);
+        for (int i = 0; i < num_pages; i++) perm[i] = i;
+        for (int i = num_pages - 1; i > 0; i--) {
+            int j = tu_rand_int(0, i), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < table_stride; i++)
+                table[b * table_stride + i] = i < pages_per_seq ? perm[b * pages_per_seq + i] : -1;
+        char *hpk = (char *)tu_alloc((size_t)(num_pages * page_elems) * es), *hpv = (char *)tu_alloc((size_t)(num_pages * page_elems) * es);
+        memset(hpk, 0xFF, (size_t)(num_pages * page_elems) * es);   // NaN in bf16 and fp16
+        memset(hpv, 0xFF, (size_t)(num_pages * page_elems) * es);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < SK; j++) {
+                int64_t page = table[b * table_stride + j / ps], dst = (page * ps + j % ps) * HK * D, src = (b * SK + j) * HK * D;
+                memcpy(hpk + dst * es, (char *)hk + src * es, (size_t)(HK * D) * es);
+                memcpy(hpv + dst * es, (char *)hv + src * es, (size_t)(HK * D) * es);
+            }
+        dpk = to_device(hpk, (size_t)(num_pages * page_elems) * es);
+        dpv = to_device(hpv, (size_t)(num_pages * page_elems) * es);
+        dtable = (int32_t *)to_device(table, (size_t)B * table_stride * 4);
+        free(perm);
+        free(table);
+        free(hpk);
+        free(hpv);
+    }
     // The output sits between two guard regions of 256 token rows, which must
     // keep their poison: rows above row 0 (tiles shifted up under a causal
     // mask) and past the end are computed but must never be stored.
@@ -201,6 +238,16 @@ static void run_case(const char *label, fwd_case c) {
         g.out.data = dout;
         g.lse = dlse;
         g.problem.seqused_k = dused;
+        if (ps) {
+            g.k.data = dpk;
+            g.v.data = dpv;
+            tu_strides_bshd(g.k.stride, num_pages, ps, HK, D);
+            tu_strides_bshd(g.v.stride, num_pages, ps, HK, D);
+            g.problem.page_table = dtable;
+            g.problem.page_table_stride = table_stride;
+            g.problem.page_size = ps;
+            g.problem.num_pages = num_pages;
+        }
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -259,6 +306,9 @@ static void run_case(const char *label, fwd_case c) {
     cudaFree(dout_alloc);
     cudaFree(dlse);
     cudaFree(dused);
+    cudaFree(dpk);
+    cudaFree(dpv);
+    cudaFree(dtable);
     free(hpacked ? hpacked : hq);
     if (!hpacked) { free(hk); free(hv); }
     free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
@@ -803,6 +853,46 @@ TEST(fwd_seqused_k_small) {
     run_case("small hdim256", used_case(base_case(BF16, 2, 70, 200, 2, 256), 81, 0, 0, 0));
 }
 
+// A paged KV cache (page_table): K and V of each sequence in pages of a
+// shuffled table, the rest of the cache NaN. Page sizes against the key
+// block (128 keys for hdim 64-128, 112 for 192, 80 for 256): larger (one box
+// per block), equal, and smaller, so that a block is read as several boxes
+// of gcd(block, page) rows from different pages (16: 8 boxes; 48 and 64
+// with 80- or 128-key blocks: boxes of 16; 8 for hdim 96); with seqused_k,
+// GQA packing, split-KV, causal and window masks.
+static fwd_case paged_case(fwd_case c, int page_size) {
+    c.page_size = page_size;
+    return c;
+}
+
+TEST(fwd_paged_kv) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    fwd_case c = used_case(base_case(BF16, 3, 1, 1000, 16, 128), 1000, 513, 1, 0);
+    c.heads_kv = 2;
+    run_case("decode gqa 8, pages of 256", paged_case(c, 256));
+    run_case("decode gqa 8, pages of 128", paged_case(c, 128));
+    run_case("causal hdim128, pages of 16", paged_case(causal_case(BF16, 2, 200, 700, 2, 128), 16));
+    run_case("fp16 hdim64, pages of 48", paged_case(used_case(base_case(FP16, 2, 100, 500, 2, 64), 130, 500, 0, 0), 48));
+    c = used_case(base_case(BF16, 2, 64, 400, 2, 256), 81, 400, 0, 0);
+    c.window_left = 100;
+    c.window_right = 0;
+    run_case("hdim256 window, pages of 64", paged_case(c, 64));
+    run_case("hdim192, pages of 32", paged_case(base_case(BF16, 2, 50, 300, 2, 192), 32));
+    run_case("fp16 hdim96, pages of 8", paged_case(base_case(FP16, 2, 33, 200, 2, 96), 8));
+    c = used_case(base_case(BF16, 2, 1, 3000, 16, 128), 3000, 1777, 0, 0);   // auto split-KV
+    c.heads_kv = 2;
+    run_case("decode split-KV, pages of 128", paged_case(c, 128));
+    run_case("hdim128, pages of 512", paged_case(used_case(base_case(BF16, 2, 130, 1500, 2, 128), 1500, 700, 0, 0), 512));
+}
+
+// Small enough for compute-sanitizer (tools/gpu_check.sh).
+TEST(fwd_paged_kv_small) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    run_case("small paged hdim128", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 16));
+}
+
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.
 static void expect_not_supported(const char *what, fa3c_fwd_params p, const char *needle) {
     size_t bytes = (size_t)p.problem.batch * p.problem.seqlen_q * p.problem.heads_q * p.problem.headdim * 2;
@@ -851,23 +941,27 @@ TEST(fwd_not_supported_is_reported) {
     x = p;
     x.problem.dtype = FA3C_DTYPE_FP32;
     expect_not_supported("fp32", x, "fp32");
-    int32_t *arrays = NULL;   // device arrays the host never reads: cu_seqlens {0, 64}, a page table {0}
-    const int32_t host_arrays[4] = {0, S, 0, 0};
+    // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
+    int32_t *arrays = NULL;
+    const int32_t host_arrays[10] = {0, S, 0, 0, 0, 0, 0, 0, 0, 0};
     CUDA_OK(cudaMalloc((void **)&arrays, sizeof host_arrays));
     CUDA_OK(cudaMemcpy(arrays, host_arrays, sizeof host_arrays, cudaMemcpyHostToDevice));
     x = p;
     x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
     expect_not_supported("cu_seqlens", x, "cu_seqlens");
-    x = p;
-    x.problem.page_table = arrays + 2;
-    x.problem.page_table_stride = 1;
-    x.problem.page_size = S;
-    x.problem.num_pages = 1;
-    expect_not_supported("page table", x, "paged KV");
+    fa3c_fwd_params paged = p;   // pages of 12 keys (gcd with any key block: 4, not whole swizzle atoms)
+    paged.problem.page_table = arrays + 2;
+    paged.problem.page_table_stride = 6;
+    paged.problem.page_size = 12;
+    paged.problem.num_pages = 1;
     x = p;
     x.problem.seqused_k = arrays + 1;   // {64}
-    if (fa3c_cuda_fwd_block_n(&x.problem) == 0)   // a build without the variable-length kernels
+    if (fa3c_cuda_fwd_block_n(&x.problem) == 0) {   // a build without the variable-length kernels
         expect_not_supported("seqused_k without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
+        expect_not_supported("page table without FA3C_CUDA_VARLEN", paged, "FA3C_CUDA_VARLEN");
+    } else {
+        expect_not_supported("page size 12", paged, "multiple of 8");
+    }
     cudaFree(arrays);
     cudaFree(buf);
 }

@@ -68,6 +68,8 @@ static plan_case random_case(void) {
     return c;
 }
 
+static plan_case fixed_case(int headdim, int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int sms);
+
 // The kernel's functions in the fixed-length or the variable-length form,
 // as the plan says (p.seqused_k).
 static FwdTile tile_of(const fa3c_fwd_kernel_params &p, int tile, const plan_case *c) {
@@ -330,6 +332,33 @@ TEST(scheduler_seqused_k_clamped) {
               keys_of_batch(p, 3) == 700,
           "keys %d %d %d %d (want 0 0 700 700)", keys_of_batch(p, 0), keys_of_batch(p, 1), keys_of_batch(p, 2),
           keys_of_batch(p, 3));
+}
+
+// Paged KV: K/V boxes of gcd(block_n, page_size) rows (a box lies inside
+// one page), and no clusters or stream-K tail with a page table.
+TEST(scheduler_paged_kv_plan) {
+    fa3c_problem pr;
+    memset(&pr, 0, sizeof pr);
+    const int cases[][3] = {{128, 16, 16}, {128, 256, 128}, {128, 128, 128}, {80, 64, 16},
+                            {112, 32, 16}, {128, 12, 4},    {128, 8, 8},     {80, 48, 16}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pr.page_size = cases[i][1];
+        CHECK(fa3c_fwd_plan_page_rows(&pr, cases[i][0]) == cases[i][2], "block %d, pages of %d: boxes of %d (want %d)",
+              cases[i][0], cases[i][1], fa3c_fwd_plan_page_rows(&pr, cases[i][0]), cases[i][2]);
+    }
+    plan_case c = fixed_case(128, 32, 16, 16, 512, 512, 132);
+    const int32_t table[1] = {0};
+    c.pr.page_table = table;
+    c.pr.page_table_stride = 4;
+    c.pr.page_size = 256;
+    c.pr.num_pages = 64;
+    fa3c_fwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 1};
+    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 1 && p.tail_units == 0 &&
+              p.page_table == table && p.page_table_stride == 4 && p.page_rows == 128 && p.div_page_size.d == 256,
+          "paged plan: cluster %d, tail %lld, page rows %d, page size %d", p.cluster, (long long)p.tail_units,
+          p.page_rows, p.div_page_size.d);
 }
 
 TEST(scheduler_random_plans) {
