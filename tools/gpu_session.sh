@@ -8,6 +8,8 @@
 # files, the rest in session_logs.tar.gz: at most 8 files come back).
 #   bash tools/gpu_session.sh "variant spec" ...   (gpu_tune.sh syntax)
 # Environment: EXTRA_FLAGS (knobs for the tested build), SKIP_PY, DECODE=0,
+# CHECK=0 (skip gpu_check.sh: for a second call that only tunes or runs the
+# cluster tests; one call may last 600 s at most),
 # GRID=1, CLUSTER=1 (tools/gpu_cluster.sh: the cluster build's tests), TUNE_ROUNDS,
 # TUNE_TIMEOUT (seconds for the A/B part, default 300), and gpu_tune.sh's
 # TUNE_INSTANCES / TUNE_BENCH_ARGS.
@@ -16,9 +18,13 @@ OUT=${OUT:-$PWD/gpu-out}
 export OUT
 mkdir -p "$OUT"
 # gpu_check.sh packs and clears $OUT at its end: its stdout goes elsewhere first.
-SKIP_PY=${SKIP_PY:-1} SKIP_PEERS=1 timeout 520 bash tools/gpu_check.sh quick >/tmp/check_stdout.txt 2>&1
-echo "== gpu_check rc=$?"
-cp /tmp/check_stdout.txt "$OUT/check_stdout.txt"
+if [ "${CHECK:-1}" = 1 ]; then
+  SKIP_PY=${SKIP_PY:-1} SKIP_PEERS=1 timeout 520 bash tools/gpu_check.sh quick >/tmp/check_stdout.txt 2>&1
+  echo "== gpu_check rc=$?"
+  cp /tmp/check_stdout.txt "$OUT/check_stdout.txt"
+elif [ "${DECODE:-1}" = 1 ] || [ "${GRID:-0}" = 1 ]; then   # they time build-gpu: build it
+  cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF >/dev/null 2>&1 && cmake --build build-gpu -j"$(nproc)" >/dev/null 2>&1
+fi
 if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
   FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 150 python3 bench/bench.py --hdims 64 \
     --seqlens 512 --no-gqa --no-bwd --no-fp8 --flex none --impls fa3c,cudnn,fa2 \
@@ -40,8 +46,8 @@ if [ $# -gt 0 ]; then
   TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout "${TUNE_TIMEOUT:-300}" bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
   echo "== tune rc=$?"
 fi
-sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
-grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
+[ -f "$OUT/check_stdout.txt" ] && sed -n '/==== summary/,/==== fa3c forward/p' "$OUT/check_stdout.txt"
+[ -f "$OUT/gpu_tests.log" ] && grep -E "Failed|FAIL" "$OUT/gpu_tests.log" | head -20
 [ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
 [ -f "$OUT/grid/results.md" ] && grep -E "geometric mean" "$OUT/grid/results.md"
 [ -f "$OUT/cluster_stdout.txt" ] && grep -E "^(==|   )" "$OUT/cluster_stdout.txt"

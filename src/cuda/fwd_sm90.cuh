@@ -1032,14 +1032,19 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
     __syncthreads();
     if (cluster_size(p) > 1) cluster_sync();   // the other CTA's barriers are ready before any multicast
 
-    // Warpgroup-uniform role, as setmaxnreg requires.
+    // Warpgroup-uniform role, as setmaxnreg requires. The variable-length
+    // instances' producer warpgroup (key counts, page lookups, v_guard)
+    // spilled at 24 registers: it gets more, the consumers a little less
+    // (fwd_tiles.h: the budgets must fit the CTA's register pool).
+    enum {
+        PRODUCER_REGS = VARLEN ? FA3C_FWD_PRODUCER_REGS_VARLEN(D) : FA3C_FWD_PRODUCER_REGS(D),
+        CONSUMER_REGS = VARLEN ? FA3C_FWD_CONSUMER_REGS_VARLEN(D) : FA3C_FWD_CONSUMER_REGS(D)
+    };
+    static_assert(128 * PRODUCER_REGS + 128 * FA3C_FWD_CONSUMERS(D) * CONSUMER_REGS <= FA3C_FWD_REG_POOL(D),
+                  "setmaxnreg budgets past the CTA's register pool: a setmaxnreg.inc would wait forever");
     int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
-        // The variable-length instances' producer (key counts, page table
-        // lookups) and v_guard get 32 registers: with 24 they spilled.
-        // 128 x 32 + 256 x 240 is still the register file, as is hdim 64's
-        // 128 x (32 + 3 x 160).
-        reg_dealloc<VARLEN ? 32 : FA3C_FWD_PRODUCER_REGS(D)>();
+        reg_dealloc<PRODUCER_REGS>();
         // In a cluster (p.cluster = 2) the producer is a copy of its own: a
         // run-time branch per load spilled the 24-register producer.
         if (threadIdx.x == 0) {
@@ -1049,7 +1054,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
             v_guard<D, BLOCK_N, STAGES>(p, sm);
         }
     } else {
-        reg_alloc<FA3C_FWD_CONSUMER_REGS(D)>();
+        reg_alloc<CONSUMER_REGS>();
         consumer<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
     }
     // The other CTA's producer writes into this CTA's smem and its consumers

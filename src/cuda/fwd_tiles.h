@@ -33,10 +33,19 @@
 #define FA3C_FWD_BLOCK_M(D) (64 * FA3C_FWD_CONSUMERS(D))
 #define FA3C_FWD_THREADS(D) (128 * (1 + FA3C_FWD_CONSUMERS(D)))
 
-/* setmaxnreg budgets (128*producer + 128*consumers*consumer <= 65536):
- * 2 consumers: 24 + 2*240; 3 consumers: 32 + 3*160. */
+/* setmaxnreg budgets. The registers setmaxnreg moves between warpgroups are
+ * the CTA's pool, what it got at launch: THREADS x the per-thread count
+ * __launch_bounds__(THREADS, 1) allows, (65536 / THREADS) rounded down to a
+ * multiple of 8 (FA3C_FWD_REG_POOL), so 128*producer + 128*consumers*consumer
+ * must not exceed it, or a setmaxnreg.inc waits forever:
+ * 2 consumers (384 x 168 = 64512): 24 + 2*240, and in the variable-length
+ * instances (whose producer warpgroup spilled at 24) 40 + 2*232;
+ * 3 consumers (512 x 128 = 65536): 32 + 3*160. */
 #define FA3C_FWD_PRODUCER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 24 : 32)
 #define FA3C_FWD_CONSUMER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 240 : 160)
+#define FA3C_FWD_PRODUCER_REGS_VARLEN(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 40 : 32)
+#define FA3C_FWD_CONSUMER_REGS_VARLEN(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 232 : 160)
+#define FA3C_FWD_REG_POOL(D) (FA3C_FWD_THREADS(D) * ((65536 / FA3C_FWD_THREADS(D)) / 8 * 8))
 
 /* Overridable with -D for tuning runs (tools/gpu_check.sh variants). */
 #ifndef FA3C_FWD_BLOCK_N_64

@@ -183,7 +183,9 @@ static void run_case(const char *label, fwd_case c) {
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
     int32_t *dused = c.seqused ? (int32_t *)to_device(used, (size_t)c.batch * sizeof used[0]) : NULL;
     // Paged (c.page_size): the logical K and V rows go to the pages of a shuffled table, in a cache whose
-    // other rows and pages are NaN; each table row has one entry more than needed, -1.
+    // other rows and pages are NaN; each table row has one entry more than needed, -1, and with seqused_k
+    // the entries of pages wholly past a sequence's count are invalid too (-1, or past the last page),
+    // which the kernel must never read.
     const int ps = c.page_size, pages_per_seq = ps ? (int)((SK + ps - 1) / ps) : 0;
     const int num_pages = c.batch * pages_per_seq + 3;   // 3 pages no sequence uses
     const int64_t table_stride = pages_per_seq + 1, page_elems = (int64_t)ps * HK * D;
@@ -198,14 +200,17 @@ static void run_case(const char *label, fwd_case c) {
             perm[j] = t;
         }
         for (int64_t b = 0; b < B; b++)
-            for (int64_t i = 0; i < table_stride; i++)
-                table[b * table_stride + i] = i < pages_per_seq ? perm[b * pages_per_seq + i] : -1;
+            for (int64_t i = 0; i < table_stride; i++) {
+                const int unused = i >= pages_per_seq || (c.seqused && i * ps >= used[b]);
+                table[b * table_stride + i] = !unused ? perm[b * pages_per_seq + i] : i % 2 ? -1 : num_pages + 7;
+            }
         char *hpk = (char *)tu_alloc((size_t)(num_pages * page_elems) * es), *hpv = (char *)tu_alloc((size_t)(num_pages * page_elems) * es);
         memset(hpk, 0xFF, (size_t)(num_pages * page_elems) * es);   // NaN in bf16 and fp16
         memset(hpv, 0xFF, (size_t)(num_pages * page_elems) * es);
         for (int64_t b = 0; b < B; b++)
             for (int64_t j = 0; j < SK; j++) {
                 int64_t page = table[b * table_stride + j / ps], dst = (page * ps + j % ps) * HK * D, src = (b * SK + j) * HK * D;
+                if (page < 0 || page >= num_pages) continue;   // a page past the sequence's count
                 memcpy(hpk + dst * es, (char *)hk + src * es, (size_t)(HK * D) * es);
                 memcpy(hpv + dst * es, (char *)hv + src * es, (size_t)(HK * D) * es);
             }
@@ -884,6 +889,11 @@ TEST(fwd_paged_kv) {
     c.heads_kv = 2;
     run_case("decode split-KV, pages of 128", paged_case(c, 128));
     run_case("hdim128, pages of 512", paged_case(used_case(base_case(BF16, 2, 130, 1500, 2, 128), 1500, 700, 0, 0), 512));
+    // Boxes of 8 rows of 128 bytes, and boxes that are not a power of two (40, 56 rows).
+    run_case("hdim128, pages of 8", paged_case(used_case(base_case(BF16, 2, 40, 300, 2, 128), 300, 99, 0, 0), 8));
+    run_case("hdim128 causal, pages of 24", paged_case(causal_case(FP16, 2, 100, 333, 2, 128), 24));
+    run_case("hdim256, pages of 40", paged_case(used_case(base_case(BF16, 2, 64, 400, 2, 256), 399, 121, 0, 0), 40));
+    run_case("hdim192, pages of 56", paged_case(used_case(causal_case(BF16, 2, 64, 400, 2, 192), 400, 57, 0, 0), 56));
 }
 
 // Small enough for compute-sanitizer (tools/gpu_check.sh).

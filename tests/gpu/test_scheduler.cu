@@ -335,7 +335,7 @@ TEST(scheduler_seqused_k_clamped) {
 }
 
 // Paged KV: K/V boxes of gcd(block_n, page_size) rows (a box lies inside
-// one page), and no clusters or stream-K tail with a page table.
+// one page), and no clusters with a page table (a plan that would pair).
 TEST(scheduler_paged_kv_plan) {
     fa3c_problem pr;
     memset(&pr, 0, sizeof pr);
@@ -355,10 +355,12 @@ TEST(scheduler_paged_kv_plan) {
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 1};
-    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 1 && p.tail_units == 0 &&
+    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 1 &&
               p.page_table == table && p.page_table_stride == 4 && p.page_rows == 128 && p.div_page_size.d == 256,
-          "paged plan: cluster %d, tail %lld, page rows %d, page size %d", p.cluster, (long long)p.tail_units,
-          p.page_rows, p.div_page_size.d);
+          "paged plan: cluster %d, page rows %d, page size %d", p.cluster, p.page_rows, p.div_page_size.d);
+    c.pr.page_table = NULL;   // the same plan without pages pairs
+    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 2, "unpaged: cluster %d",
+          p.cluster);
 }
 
 TEST(scheduler_random_plans) {
