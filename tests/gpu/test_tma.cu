@@ -2,10 +2,14 @@
 // checked against the swizzle model, zero fill past the sequence end) and an
 // mbarrier ring (one producer thread, a consumer warpgroup, many wraps); and
 // the same ring shared by a cluster of two CTAs through TMA multicast, as
-// the forward kernel's K/V ring runs with FA3C_FWD_CLUSTER = 2.
+// the forward kernel's K/V ring runs with FA3C_FWD_CLUSTER = 2. And the two
+// pieces of the variable-length kernels' K/V path: a tile loaded as boxes of
+// a few rows from scattered pages (load_paged_kv), and v_guard's zeroing of
+// the rows past a sequence's end (zero_rows_from).
 #include "gpu_util.cuh"
 #include "../../src/cuda/ptx.cuh"
 #include "../../src/cuda/tensor_map.h"
+#include "../../src/cuda/fwd_sm90.cuh"
 
 enum { ROWS = 128, BOX_BYTES = ROWS * 128 };
 
@@ -168,6 +172,111 @@ static int wrong_ring_sums(const __nv_bfloat16 *h, const fa3c_tensor *t, const f
             printf("%s tile %d: got %g want %g\n", who, i, sums[i], want);
     }
     return bad;
+}
+
+// Paged boxes and zeroed rows, for a ROWS x D tile in the kernel's layout
+// (TileLayout<D>: chunks of 64 columns with the 128-byte swizzle, or of 32
+// with the 64-byte one for hdim 96). tile[0] gets the tile as ROWS / G boxes
+// of G rows each from rows src_rows[i] of `pages` (as load_paged_kv places
+// them), tile[1] as one box from `gathered` (the same rows, in order), and
+// tile[2] from `zeroed` (those rows with rows >= valid zero). out: tile[0]
+// as loaded, tile[0] after zero_rows_from(valid) by one warp, tile[1], tile[2].
+template <int D, int ROWS>
+__global__ void paged_boxes_kernel(const __grid_constant__ CUtensorMap pages, const __grid_constant__ CUtensorMap gathered,
+                                   const __grid_constant__ CUtensorMap zeroed, const int *src_rows, int g, int valid,
+                                   uint8_t *out) {
+    typedef TileLayout<D> L;
+    enum { TILE = ROWS * D * 2 };
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t *tile = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    __shared__ __align__(8) uint64_t full;
+    if (threadIdx.x == 0) {
+        mbar_init(&full, 1);
+        fence_barrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&full, 3 * TILE);
+        for (int i = 0; i < ROWS / g; i++)
+            for (int c = 0; c < D / L::CHUNK; c++)
+                tma_load_4d(tile + (c * ROWS + i * g) * L::ROW_BYTES, &pages, &full, c * L::CHUNK, src_rows[i], 0, 0);
+        load_tile<D, ROWS>(tile + TILE, &gathered, &full, 0, 0, 0);
+        load_tile<D, ROWS>(tile + 2 * TILE, &zeroed, &full, 0, 0, 0);
+    }
+    mbar_wait_parity(&full, 0);
+    for (int i = threadIdx.x; i < TILE; i += blockDim.x) out[i] = tile[i];
+    __syncthreads();
+    if (threadIdx.x < 32) zero_rows_from<D, ROWS>(tile, valid, threadIdx.x);
+    __syncthreads();
+    for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
+        out[TILE + i] = tile[i];
+        out[2 * TILE + i] = tile[TILE + i];
+        out[3 * TILE + i] = tile[2 * TILE + i];
+    }
+}
+
+// One case of paged_boxes_kernel: a "cache" of 512 random rows of 256
+// bf16, G-row boxes from random G-aligned rows of it.
+template <int D, int ROWS>
+static void run_paged_boxes(int g, int valid) {
+    enum { TILE = ROWS * D * 2, CACHE = 512, W = 256 };   // W: columns of the cache, >= D
+    printf("paged boxes: D %d, %d rows as boxes of %d, rows from %d zeroed\n", D, ROWS, g, valid);
+    const int chunk = FA3C_FWD_CHUNK_COLS(D), boxes = ROWS / g;
+    __nv_bfloat16 *h[3];
+    void *d[3];
+    const int rows_of[3] = {CACHE, ROWS, ROWS};
+    int src_rows[ROWS], *dsrc;
+    for (int i = 0; i < boxes; i++) src_rows[i] = (int)(fabs(gpu_randn()) * 1000) % (CACHE / g) * g;
+    for (int k = 0; k < 3; k++) h[k] = (__nv_bfloat16 *)malloc((size_t)rows_of[k] * W * 2);
+    for (int i = 0; i < CACHE * W; i++) h[0][i] = __float2bfloat16(gpu_randn());
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < W; c++) {
+            h[1][r * W + c] = h[0][(src_rows[r / g] + r % g) * W + c];
+            h[2][r * W + c] = r < valid ? h[1][r * W + c] : __float2bfloat16(0.f);
+        }
+    CUtensorMap maps[3];
+    for (int k = 0; k < 3; k++) {
+        fa3c_tensor t = {NULL, {(int64_t)rows_of[k] * W, W, W, 1}};
+        CUDA_OK(cudaMalloc(&d[k], (size_t)rows_of[k] * W * 2));
+        CUDA_OK(cudaMemcpy(d[k], h[k], (size_t)rows_of[k] * W * 2, cudaMemcpyHostToDevice));
+        t.data = d[k];
+        CHECK(fa3c_tensor_map_rows(&maps[k], "x", &t, 2, 1, rows_of[k], 1, W, chunk, k == 0 ? g : ROWS) ==
+                  FA3C_STATUS_OK, "%s", fa3c_last_error());
+    }
+    uint8_t *dout, *out = (uint8_t *)malloc(4 * TILE);
+    CUDA_OK(cudaMalloc(&dout, 4 * TILE));
+    CUDA_OK(cudaMalloc((void **)&dsrc, sizeof src_rows));
+    CUDA_OK(cudaMemcpy(dsrc, src_rows, sizeof src_rows, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaFuncSetAttribute(paged_boxes_kernel<D, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * TILE + 1024));
+    paged_boxes_kernel<D, ROWS><<<1, 128, 3 * TILE + 1024>>>(maps[0], maps[1], maps[2], dsrc, g, valid, dout);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out, dout, 4 * TILE, cudaMemcpyDeviceToHost));
+    int boxes_differ = 0, zeros_differ = 0;
+    for (int i = 0; i < TILE; i++) {
+        boxes_differ += out[i] != out[2 * TILE + i];
+        zeros_differ += out[TILE + i] != out[3 * TILE + i];
+    }
+    CHECK(boxes_differ == 0, "D %d, boxes of %d rows: %d bytes differ from one box of the same rows", D, g,
+          boxes_differ);
+    CHECK(zeros_differ == 0, "D %d, rows from %d zeroed: %d bytes differ from a tile loaded with those rows zero", D,
+          valid, zeros_differ);
+    for (int k = 0; k < 3; k++) { free(h[k]); cudaFree(d[k]); }
+    free(out); cudaFree(dout); cudaFree(dsrc);
+}
+
+TEST(tma_paged_boxes_and_zeroed_rows) {
+    REQUIRE_SM90();
+    gpu_rng_seed(17);
+    run_paged_boxes<64, 128>(16, 77);    // 128-byte swizzle, one chunk
+    run_paged_boxes<64, 128>(8, 1);
+    run_paged_boxes<128, 128>(128, 128); // nothing to zero
+    run_paged_boxes<128, 128>(32, 0);    // everything
+    run_paged_boxes<96, 128>(8, 100);    // 64-byte swizzle, three chunks
+    run_paged_boxes<96, 128>(32, 64);
+    run_paged_boxes<256, 80>(40, 33);    // hdim 256's 80-key blocks
+    run_paged_boxes<256, 80>(16, 79);
+    run_paged_boxes<192, 112>(56, 57);   // hdim 192's 112-key blocks
 }
 
 TEST(tma_roundtrip_swizzle_and_zero_fill) {
