@@ -76,12 +76,14 @@ static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1
     return times[15];
 }
 
-/* --seqused: seqused_k = seqlen_k for each of `batch` sequences, in device memory. */
+/* --seqused: seqused_k = seqlen_k for each of `batch` sequences, in device
+ * memory (room for the largest batch, 16384 sequences of one token). */
+enum { MAX_BATCH = 16384 };
 static int32_t *used_keys;
 static void set_seqused(fa3c_fwd_params *p) {
     if (!used_keys) return;
-    int32_t host[64];
-    for (int b = 0; b < p->problem.batch && b < 64; b++) host[b] = p->problem.seqlen_k;
+    static int32_t host[MAX_BATCH];
+    for (int b = 0; b < p->problem.batch && b < MAX_BATCH; b++) host[b] = p->problem.seqlen_k;
     CUDA_TRY(cudaMemcpy(used_keys, host, sizeof host, cudaMemcpyHostToDevice));
     p->problem.seqused_k = used_keys;
 }
@@ -185,7 +187,7 @@ int main(int argc, char **argv) {
     }
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops\n");
-    if (seqused) CUDA_TRY(cudaMalloc((void **)&used_keys, 64 * sizeof(int32_t)));   /* batch <= 32 in every shape */
+    if (seqused) CUDA_TRY(cudaMalloc((void **)&used_keys, MAX_BATCH * sizeof(int32_t)));
     cudaEvent_t e0, e1;
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));

@@ -87,6 +87,8 @@ if [ "${SEQUSED_BENCH:-1}" = 1 ]; then
   timeout 300 build-gpu/bench_fwd_gpu --quick --seqused --csv "$OUT/bench_fwd_gpu_seqused.csv" \
     >"$OUT/bench_fwd_gpu_seqused.log" 2>&1
   note "bench_fwd_gpu --seqused rc=$?"
+  { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; } \
+    >>"$OUT/bench_fwd_gpu.log"
 fi
 if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
   # .peers/: the stored peer runs (shared/peers), carried in by the caller when wanted.
@@ -99,10 +101,9 @@ fi
 # Only a few files come back from the machine: keep the main ones, pack the rest.
 (cd "$OUT" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz --exclude='*.ncu-rep' \
   $(ls | grep -vE '^(results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt)$') 2>/dev/null &&
-  ls | grep -vE '^(all_logs.tar.gz|results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log|bench_fwd_gpu_seqused\.log)$' | xargs rm -rf)
+  ls | grep -vE '^(all_logs.tar.gz|results\.(md|json)|plot(_bwd)?\.png|gpu_tests\.log|ncu_details\.txt|bench_fwd_gpu\.log)$' | xargs rm -rf)
 
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 echo; echo "==== fa3c forward (bf16, TFLOPS)"; cat "$OUT/bench_fwd_gpu.log"
-[ -f "$OUT/bench_fwd_gpu_seqused.log" ] && { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; }
 [ -f "$OUT/results.md" ] && { echo; echo "==== vs peers"; cat "$OUT/results.md"; }
 exit 0

@@ -23,7 +23,8 @@ if [ "${CHECK:-1}" = 1 ]; then
   echo "== gpu_check rc=$?"
   cp /tmp/check_stdout.txt "$OUT/check_stdout.txt"
 elif [ "${DECODE:-1}" = 1 ] || [ "${GRID:-0}" = 1 ]; then   # they time build-gpu: build it
-  cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF >/dev/null 2>&1 && cmake --build build-gpu -j"$(nproc)" >/dev/null 2>&1
+  cmake -S . -B build-gpu -DFA3C_BUILD_TESTS=OFF "-DCMAKE_C_FLAGS=${EXTRA_FLAGS:-}" "-DCMAKE_CUDA_FLAGS=${EXTRA_FLAGS:-}" \
+    >/dev/null 2>&1 && cmake --build build-gpu -j"$(nproc)" >/dev/null 2>&1
 fi
 if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
   FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 150 python3 bench/bench.py --hdims 64 \

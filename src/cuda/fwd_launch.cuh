@@ -89,6 +89,19 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     if (p->cluster > FA3C_FWD_CLUSTER)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
                           "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
+    // The registers setmaxnreg shares out are the CTA's launch allocation:
+    // fewer than the budgets (ptxas chose fewer per thread than the launch
+    // bounds allow) would hang the kernel. Asked once per instance.
+    static int launch_regs = -1;
+    if (launch_regs < 0) {
+        cudaFuncAttributes attr;
+        launch_regs = cudaFuncGetAttributes(&attr, fwd_kernel<D, BLOCK_N, FP16, VARLEN>) == cudaSuccess ? attr.numRegs : 0;
+        cudaGetLastError();
+    }
+    if (launch_regs > 0 && launch_regs * FA3C_FWD_THREADS(D) < RegBudget<D, VARLEN>::TOTAL)
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): %d registers per thread at launch, "
+                          "fewer than its setmaxnreg budgets need (%d in all)", D, launch_regs,
+                          (int)RegBudget<D, VARLEN>::TOTAL);
     trace_clear(stream);
     if (FA3C_FWD_CLUSTER > 1) {
         e = launch_in_clusters<D, BLOCK_N, FP16, VARLEN>(p, smem, stream);

@@ -1001,8 +1001,23 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }
 
+// The setmaxnreg budgets of an instance (fwd_tiles.h). The variable-length
+// instances' producer warpgroup (key counts, page lookups, v_guard) spilled
+// at 24 registers: it gets more, the consumers a little less. TOTAL must fit
+// the CTA's register pool, or a setmaxnreg.inc waits forever: checked here
+// against the launch bounds, and at launch against ptxas's register count.
+template <int D, bool VARLEN>
+struct RegBudget {
+    enum {
+        PRODUCER = VARLEN ? FA3C_FWD_PRODUCER_REGS_VARLEN(D) : FA3C_FWD_PRODUCER_REGS(D),
+        CONSUMER = VARLEN ? FA3C_FWD_CONSUMER_REGS_VARLEN(D) : FA3C_FWD_CONSUMER_REGS(D),
+        TOTAL = 128 * PRODUCER + 128 * FA3C_FWD_CONSUMERS(D) * CONSUMER
+    };
+    static_assert(TOTAL <= FA3C_FWD_REG_POOL(D), "setmaxnreg budgets past the CTA's register pool");
+};
+
 // VARLEN: the variable-length instance of the head dim and dtype (sequences
-// with their own number of keys, p.seqused_k; backend.c picks it).
+// with their own number of keys, p.seqused_k, or paged KV; backend.c picks it).
 template <int D, int BLOCK_N, int FP16, bool VARLEN>
 __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
     enum { STAGES = FA3C_FWD_STAGES(D) };
@@ -1032,19 +1047,10 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
     __syncthreads();
     if (cluster_size(p) > 1) cluster_sync();   // the other CTA's barriers are ready before any multicast
 
-    // Warpgroup-uniform role, as setmaxnreg requires. The variable-length
-    // instances' producer warpgroup (key counts, page lookups, v_guard)
-    // spilled at 24 registers: it gets more, the consumers a little less
-    // (fwd_tiles.h: the budgets must fit the CTA's register pool).
-    enum {
-        PRODUCER_REGS = VARLEN ? FA3C_FWD_PRODUCER_REGS_VARLEN(D) : FA3C_FWD_PRODUCER_REGS(D),
-        CONSUMER_REGS = VARLEN ? FA3C_FWD_CONSUMER_REGS_VARLEN(D) : FA3C_FWD_CONSUMER_REGS(D)
-    };
-    static_assert(128 * PRODUCER_REGS + 128 * FA3C_FWD_CONSUMERS(D) * CONSUMER_REGS <= FA3C_FWD_REG_POOL(D),
-                  "setmaxnreg budgets past the CTA's register pool: a setmaxnreg.inc would wait forever");
+    // Warpgroup-uniform role, as setmaxnreg requires (budgets: RegBudget).
     int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
     if (warpgroup == 0) {
-        reg_dealloc<PRODUCER_REGS>();
+        reg_dealloc<RegBudget<D, VARLEN>::PRODUCER>();
         // In a cluster (p.cluster = 2) the producer is a copy of its own: a
         // run-time branch per load spilled the 24-register producer.
         if (threadIdx.x == 0) {
@@ -1054,7 +1060,7 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
             v_guard<D, BLOCK_N, STAGES>(p, sm);
         }
     } else {
-        reg_alloc<CONSUMER_REGS>();
+        reg_alloc<RegBudget<D, VARLEN>::CONSUMER>();
         consumer<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
     }
     // The other CTA's producer writes into this CTA's smem and its consumers

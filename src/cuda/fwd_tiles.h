@@ -40,7 +40,7 @@
  * must not exceed it, or a setmaxnreg.inc waits forever:
  * 2 consumers (384 x 168 = 64512): 24 + 2*240, and in the variable-length
  * instances (whose producer warpgroup spilled at 24) 40 + 2*232;
- * 3 consumers (512 x 128 = 65536): 32 + 3*160. */
+ * 3 consumers (512 x 128 = 65536): 32 + 3*160. (fwd_sm90.cuh, RegBudget.) */
 #define FA3C_FWD_PRODUCER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 24 : 32)
 #define FA3C_FWD_CONSUMER_REGS(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 240 : 160)
 #define FA3C_FWD_PRODUCER_REGS_VARLEN(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 40 : 32)
