@@ -49,11 +49,11 @@ grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null
 
 # 4. compute-sanitizer on small cases (memcheck, racecheck): ragged tiles,
 # GQA packing with an idle consumer warpgroup, split-KV and its combine,
-# sequences with their own key counts (v_guard's zeros), paged KV;
+# sequences with their own key counts (v_guard's zeros), paged KV, packed sequences;
 # memcheck also on causal tiles shifted above row 0.
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small"
+    cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small fwd_packed_sequences_small"
     [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
     for case in $cases; do
       timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1

@@ -20,8 +20,8 @@ typedef struct {
     /* 0: the head dim's main instance; > 0: used instead of it for calls
      * under a causal mask (a right bound) with seqlen_k <= short_causal_keys. */
     int short_causal_keys;
-    /* 1: for calls whose sequences have their own number of keys (seqused_k)
-     * or a paged KV cache, and only for those (fwd_sm90.cuh, VARLEN). */
+    /* 1: for calls whose sequences have their own lengths (seqused_k,
+     * cu_seqlens) or a paged KV cache, and only for those (fwd_sm90.cuh, VARLEN). */
     int varlen;
     fa3c_fwd_launcher launch;
 } fwd_instance;
@@ -112,11 +112,12 @@ static fa3c_fwd_plan_facts device_facts(void) {
 }
 
 /* The instance for this call: the dtype and head dim's variable-length one
- * for calls with seqused_k or a page table; else its main one, or its
+ * for calls with seqused_k, a page table or cu_seqlens; else its main one, or its
  * short-causal one where the call qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
-    int right_bound = pr->causal || pr->window_right >= 0, varlen = pr->seqused_k || pr->page_table;
+    int right_bound = pr->causal || pr->window_right >= 0;
+    int varlen = pr->seqused_k || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
         if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
@@ -182,6 +183,23 @@ static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
     return FA3C_STATUS_OK;
 }
 
+/* The outer and row extents of the Q (and O) and K/V maps: per sequence
+ * (batch, seqlen); packed sequences (cu_seqlens) as one batch of batch x
+ * seqlen tokens, a bound (the true totals are device memory; the kernel's
+ * boxes stay inside the sequences, fwd_tile.cuh); K/V pages (num_pages,
+ * page_size). A GQA-packed Q map is built elsewhere (no packing with
+ * cu_seqlens_q: fwd_plan.c). */
+static int packed_tokens(int batch, int seqlen) {   /* the kernel's coordinates are int32 */
+    int64_t n = (int64_t)batch * seqlen;
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+static void tma_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *kv_outer, int *kv_rows) {
+    *q_outer = pr->cu_seqlens_q ? 1 : pr->batch;
+    *q_rows = pr->cu_seqlens_q ? packed_tokens(pr->batch, pr->seqlen_q) : pr->seqlen_q;
+    *kv_outer = pr->page_table ? pr->num_pages : pr->cu_seqlens_k ? 1 : pr->batch;
+    *kv_rows = pr->page_table ? pr->page_size : pr->cu_seqlens_k ? packed_tokens(pr->batch, pr->seqlen_k) : pr->seqlen_k;
+}
+
 /* Inputs are read with TMA: aligned, and strides in multiples of 16 bytes. */
 static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int outer, int seqlen, int heads) {
     fa3c_status s = check_tensor(name, t);
@@ -193,19 +211,21 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16)",
                           dtype_name(pr->dtype));
-    if (pr->cu_seqlens_q || pr->cu_seqlens_k)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: variable-length batches (cu_seqlens) are not "
-                          "supported yet (seqused_k is)");
+    if ((pr->cu_seqlens_q && (int64_t)pr->batch * pr->seqlen_q > INT32_MAX) ||
+        (pr->cu_seqlens_k && (int64_t)pr->batch * pr->seqlen_k > INT32_MAX))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: packed sequences (cu_seqlens) of batch x seqlen "
+                          ">= 2^31 tokens");
     fa3c_problem fixed = *pr;
     fixed.seqused_k = NULL;
     fixed.page_table = NULL;
+    fixed.cu_seqlens_q = fixed.cu_seqlens_k = NULL;
     if (!find_fwd(&fixed))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
     if (!find_fwd(pr))   /* seqused_k or paged KV, and the build has the fixed-length instance only */
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: seqused_k and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
+                          "CUDA forward: seqused_k, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
                           "this build lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified "
                           "on a GPU)", dtype_name(pr->dtype), pr->headdim);
     /* Paged: boxes of gcd(block_n, page_size) rows, whole swizzle atoms. */
@@ -213,14 +233,16 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: a paged KV cache needs page_size to be a multiple of 8 (got %d)",
                           pr->page_size);
-    /* K and V: per sequence (batch, seqlen_k), or pages (num_pages, page_size). */
-    int kv_outer = pr->page_table ? pr->num_pages : pr->batch, kv_rows = pr->page_table ? pr->page_size : pr->seqlen_k;
+    /* Q: per sequence, or packed (one batch of tokens, at most batch x seqlen_q of them);
+     * K and V: per sequence (batch, seqlen_k), pages (num_pages, page_size) or packed. */
+    int q_outer, q_rows, kv_outer, kv_rows;
+    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     fa3c_status s;
-    if ((s = check_tma_input("q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+    if ((s = check_tma_input("q", &p->q, q_outer, q_rows, pr->heads_q)) ||
         (s = check_tma_input("k", &p->k, kv_outer, kv_rows, pr->heads_kv)) ||
         (s = check_tma_input("v", &p->v, kv_outer, kv_rows, pr->heads_kv)) || (s = check_tensor("out", &p->out)))
         return s;
-    for (int i = 0; i < 3; i++)
+    for (int i = pr->cu_seqlens_q ? 1 : 0; i < 3; i++)   /* packed sequences: stride[0] is not used */
         if (p->out.stride[i] % 2 != 0)
             return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "out: the CUDA backend needs even strides (dim %d is %lld)",
                               i, (long long)p->out.stride[i]);
@@ -270,11 +292,12 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         pack = 1;   /* strides the 5-D map can't take: no packing */
     /* K and V boxes: a key block, in a cluster the half each CTA loads for
      * both, or with a page table a part of a block inside one page (k.page_rows). */
-    if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, 1,
+    int q_outer, q_rows, kv_outer, kv_rows;
+    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
+    if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, 1,
                                                   pr->headdim, cols, block_m))) ||
         (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))
         return s;
-    int kv_outer = pr->page_table ? pr->num_pages : pr->batch, kv_rows = pr->page_table ? pr->page_size : pr->seqlen_k;
     int kv_box = pr->page_table ? k.page_rows : block_n / k.cluster;
     if ((s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)) ||
@@ -285,14 +308,14 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];
     k.out_stride[2] = p->out.stride[2];
-    k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && p->out.stride[0] % 8 == 0 && p->out.stride[1] % 8 == 0 &&
-                  p->out.stride[2] % 8 == 0;
+    k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) &&
+                  p->out.stride[1] % 8 == 0 && p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
     /* O through TMA stores (instances with smem for it, fwd_sm90.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
     k.out_tma = k.num_splits == 1 && pr->headdim % 64 == 0 && 64 % k.pack == 0 &&
-                fa3c_tensor_map_groups(&k.o_map, "out", &p->out, pr->batch, pr->seqlen_q, pr->heads_q, k.pack,
+                fa3c_tensor_map_groups(&k.o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k.pack,
                                        pr->headdim, 64, 64) == FA3C_STATUS_OK;
     const float log2e = 1.4426950408889634f;
     if (pr->softcap > 0.f) {

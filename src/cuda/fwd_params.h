@@ -99,6 +99,12 @@ typedef struct fa3c_fwd_kernel_params {
     int64_t page_table_stride;
     int page_rows;
     fa3c_fast_div div_page_size;
+    /* Packed sequences (variable-length instances; NULL = fixed length):
+     * batch + 1 prefix sums of the query / key counts, device memory. The
+     * q / out (k / v) maps are then one batch of batch x seqlen_q (_k) tokens,
+     * a bound the host knows (the true totals are on the device), and every
+     * box stays inside its sequence or before it (fwd_tile.cuh, scheduler.cuh). */
+    const int *cu_seqlens_q, *cu_seqlens_k;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus

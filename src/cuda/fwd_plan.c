@@ -41,6 +41,7 @@ int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(bl
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m) {
     int group = pr->heads_q / pr->heads_kv;
     if (group == 1 || block_m % group != 0 || (long long)pr->seqlen_q * group > INT32_MAX) return 1;
+    if (pr->cu_seqlens_q) return 1;   /* packed sequences: not built for them yet */
     long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
     long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
     return packed < unpacked ? group : 1;
@@ -96,7 +97,8 @@ static void plan_tail(fa3c_fwd_kernel_params *k) {
     fa3c_fwd_plan_drop_tail(k);
     long long g = k->grid, t = k->num_tiles, b = k->blocks_per_split;
     if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->cluster > 1 || k->num_splits != 1 || k->window_left >= 0 ||
-        k->window_right >= 0 || k->seqused_k || k->page_table || t <= g || t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
+        k->window_right >= 0 || k->seqused_k || k->page_table || k->cu_seqlens_q || k->cu_seqlens_k || t <= g ||
+        t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
         return;
     long long tail = t - (t / g - 1) * g;
     /* The scheduler's unit arithmetic stays in 31 bits (share bounds, g^2). */
@@ -123,6 +125,8 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
     k->seqused_k = pr->seqused_k;
+    k->cu_seqlens_q = pr->cu_seqlens_q;
+    k->cu_seqlens_k = pr->cu_seqlens_k;
     /* Paged KV: boxes of gcd(block_n, page_size) rows (fwd_params.h); the
      * caller checks that this is a multiple of 8 (fa3c_fwd_plan_page_rows). */
     k->page_table = pr->page_table;
@@ -142,12 +146,13 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * consumer warpgroups of 64 rows, which then idle, so that no warpgroup
      * that computes has rows above row 0 (a TMA store there traps). Not with
      * GQA packing, whose Q box must start at a whole query. */
-    k->m_shift = FA3C_FWD_CAUSAL_SHIFT && k->window_right >= 0 && pack == 1
+    k->m_shift = FA3C_FWD_CAUSAL_SHIFT && k->window_right >= 0 && pack == 1 && !pr->cu_seqlens_q
                      ? (k->num_m_blocks * facts->block_m - k->rows) / 64 * 64
-                     : 0;
+                     : 0;   /* packed sequences: each one's tiles end at its end (scheduler.cuh) */
     long long tiles = (long long)k->num_m_blocks * pr->batch * k->groups;
     int key_blocks = (pr->seqlen_k + facts->block_n - 1) / facts->block_n;
-    k->num_splits = num_key_splits(num_splits, tiles, key_blocks, facts->sms);
+    /* Packed queries: no split-KV (its combine writes fixed-length rows). */
+    k->num_splits = pr->cu_seqlens_q ? 1 : num_key_splits(num_splits, tiles, key_blocks, facts->sms);
     k->blocks_per_split = (key_blocks + k->num_splits - 1) / k->num_splits;
     k->num_splits = (key_blocks + k->blocks_per_split - 1) / k->blocks_per_split;   /* no split without keys */
     if (tiles * k->num_splits > INT32_MAX)
@@ -162,7 +167,8 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * yet). From here on tiles are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
     k->cluster = facts->cluster > 1 && (unmasked || facts->cluster_masked) && k->num_splits == 1 &&
-                         !k->seqused_k && !k->page_table && k->num_m_blocks % 2 == 0
+                         !k->seqused_k && !k->page_table && !k->cu_seqlens_q && !k->cu_seqlens_k &&
+                         k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;
     k->num_m_blocks /= k->cluster;

@@ -154,10 +154,20 @@ FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, 
 // Q of a tile: a 5-D box per chunk, {CHUNK columns, pack heads, BLOCK_M /
 // pack queries} at (query m0 / pack, group, batch), so that box row
 // i * pack + h is query i, head h of the group (GQA packing, fwd_params.h;
-// pack = 1 is a plain block of BLOCK_M queries of one head).
-template <int D>
+// pack = 1 is a plain block of BLOCK_M queries of one head). Packed
+// sequences (VARLEN, cu_seqlens_q; pack 1): rows from the sequence's first
+// token on a map of one batch of tokens (rows above 0, of the previous
+// sequence or before the tensor's start, read as zeros there, are never stored).
+template <int D, bool VARLEN>
 FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint64_t *bar, const FwdTile &t) {
     typedef TileLayout<D> L;
+    if (VARLEN && p.cu_seqlens_q) {
+#pragma unroll
+        for (int c = 0; c < D / L::CHUNK; c++)
+            tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, t.q_start + t.m0,
+                        t.group, 0);
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < D / L::CHUNK; c++)
         tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, fa3c_div(t.m0, p.div_pack),
@@ -238,7 +248,11 @@ FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         return;
     }
     mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
-    load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    if (VARLEN && p.cu_seqlens_k)   // packed keys: from the sequence's first token, blocks from key0
+        load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
+                                         0);
+    else
+        load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // V of key block n into the slot of ring index r. `first_of_tile`: with O
@@ -256,7 +270,11 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         return;
     }
     mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
-    load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    if (VARLEN && p.cu_seqlens_k)
+        load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
+                                         0);
+    else
+        load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // Q in registers (FA3C_FWD_Q_IN_REGS): hdim 128 (2 consumers with 240
@@ -268,12 +286,12 @@ constexpr bool q_in_regs() {
 
 // Q of tile t into the Q buffer, once the consumers are done with the last
 // one; `use` counts the Q loads (barrier parity).
-template <int D, int BLOCK_N, int STAGES>
+template <int D, int BLOCK_N, int STAGES, bool VARLEN>
 FA3C_DEVICE void produce_q(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                            int use) {
     mbar_wait_parity(&sm.q_empty, q_phase_of(use) ^ 1);   // a fresh barrier passes parity 1 at once
     mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
-    load_q_tile<D>(sm.q, p, &sm.q_full, t);
+    load_q_tile<D, VARLEN>(sm.q, p, &sm.q_full, t);
 }
 
 // The tile the producer streams after step `step`'s, if the next step has
@@ -303,7 +321,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
         if (tile_is_empty(t)) continue;
         const int tile_count = tiles++;   // tiles loaded before this one
-        if (!q_loaded) produce_q<D, BLOCK_N, STAGES>(p, sm, t, q_uses++);
+        if (!q_loaded) produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, q_uses++);
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
@@ -313,7 +331,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             FwdTile next;
             if (EARLY_Q && !q_loaded && mbar_test_wait_parity(&sm.q_empty, q_phase_of(q_uses) ^ 1) &&
                 next_tile_of<D, BLOCK_N, VARLEN>(p, step, next)) {
-                produce_q<D, BLOCK_N, STAGES>(p, sm, next, q_uses++);
+                produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, next, q_uses++);
                 q_loaded = true;
             }
         }
@@ -322,18 +340,24 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
 
 // ---- V guard (variable-length instances) ---------------------------------------
 
-// Zero rows [valid, ROWS) of a tile of ROWS x D. Each column chunk holds its
-// rows one after the other, ROW_BYTES each (the swizzle moves 16-byte units
-// only within a row), so those rows are one stretch per chunk.
+// Zero rows [from, to) of a tile of ROWS x D (clamped to [0, ROWS)). Each
+// column chunk holds its rows one after the other, ROW_BYTES each (the
+// swizzle moves 16-byte units only within a row), so those rows are one
+// stretch per chunk.
 template <int D, int ROWS>
-FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
+FA3C_DEVICE void zero_rows(uint8_t *tile, int from, int to, int lane) {
     typedef TileLayout<D> L;
+    enum { UNITS = ROWS * (L::ROW_BYTES / 16) };   // 16-byte units per chunk
     const uint32_t base = smem_addr(tile);
-    const int first_unit = max(valid, 0) * (L::ROW_BYTES / 16), units = ROWS * (L::ROW_BYTES / 16);   // 16-byte units
+    const int first = max(from, 0) * (L::ROW_BYTES / 16), end = min(to, ROWS) * (L::ROW_BYTES / 16);
 #pragma unroll 1
     for (int c = 0; c < D / L::CHUNK; c++)
 #pragma unroll 1
-        for (int u = first_unit + lane; u < units; u += 32) st_shared_zero16(base + (c * units + u) * 16);
+        for (int u = first + lane; u < end; u += 32) st_shared_zero16(base + (c * UNITS + u) * 16);
+}
+template <int D, int ROWS>
+FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
+    zero_rows<D, ROWS>(tile, valid, ROWS, lane);
 }
 
 // The variable-length instances' second producer warp. It walks the
@@ -355,9 +379,12 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             const int s = stage_of(ring, STAGES);
             mbar_wait_parity(&sm.v_full[s], phase_of(ring, STAGES));
-            const int valid = t.seqlen_k - n * BLOCK_N;   // >= 1: the tile needs a key of block n
-            if (valid < BLOCK_N) {
-                zero_rows_from<D, BLOCK_N>(sm.v[s], valid, lane);
+            // Rows [first, end) hold keys of the sequence (key0 + n BLOCK_N + row in [0, keys)); end >= 1:
+            // the tile needs a key of block n; first > 0 only for packed keys' first block.
+            const int key = t.key0 + n * BLOCK_N, first = -key, end = t.seqlen_k - key;
+            if (first > 0 || end < BLOCK_N) {
+                zero_rows<D, BLOCK_N>(sm.v[s], 0, first, lane);
+                zero_rows<D, BLOCK_N>(sm.v[s], end, BLOCK_N, lane);
                 fence_proxy_async_smem();   // the zeros, before P·V (wgmma: the async proxy) reads them
             }
             mbar_arrive(&sm.v_ready[s]);   // every lane: each one's zeros are released by its own arrival
@@ -615,9 +642,10 @@ struct OutRow {
     bool valid;
     int query, head;
 };
+template <bool VARLEN>
 FA3C_DEVICE OutRow out_row(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row) {
     OutRow r;
-    r.valid = (unsigned)row < (unsigned)p.rows;   // 0 <= row < p.rows in one compare
+    r.valid = (unsigned)row < (unsigned)tile_rows<VARLEN>(p, t);   // 0 <= row < rows in one compare
     r.query = query_of_row(p, row);
     r.head = t.head + row - r.query * p.pack;
     return r;
@@ -643,14 +671,37 @@ FA3C_DEVICE void store_partial(const fa3c_fwd_kernel_params &p, const FwdTile &t
     }
 }
 
+// The LSE is (batch, heads_q, seqlen_q), or with packed sequences
+// (heads_q, total_q) (fa3c.h).
+template <bool VARLEN>
 FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
                            const OutRow rows[2], int quad) {
+    if constexpr (VARLEN) {
+        if (p.cu_seqlens_q) {
+            if (p.lse && quad == 0) {
+                const int64_t total = p.cu_seqlens_q[p.batch];
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (rows[r].valid) p.lse[rows[r].head * total + t.q_start + rows[r].query] = lse[r];
+            }
+            return;
+        }
+    }
     if (p.lse && quad == 0) {
 #pragma unroll
         for (int r = 0; r < 2; r++)
             if (rows[r].valid)
                 p.lse[((int64_t)t.batch * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query] = lse[r];
     }
+}
+
+// Whether consumer warpgroup c may store its O rows of tile t as a TMA box:
+// not with packed sequences where its rows start above the sequence's first
+// (the box would write the previous sequence's rows): those go out from
+// registers, row by row.
+template <bool VARLEN>
+FA3C_DEVICE bool o_box_allowed(const fa3c_fwd_kernel_params &p, const FwdTile &t, int c) {
+    return !VARLEN || !p.cu_seqlens_q || t.m0 + 64 * c >= 0;
 }
 
 // O / sum in the input dtype: packed[j] holds o[2j] and o[2j + 1], which are
@@ -695,43 +746,13 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const uint32_t 
     }
 }
 
-// O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
-// results (store_partial). Rows past the end are dropped. `stage`: where
-// this warpgroup stages O for store_tile_tma (NULL: nowhere). `ring`: for
-// the phase trace only (trace.cuh).
-// Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
-// p.out_vec16, each group of four 8-column chunks is transposed across the
-// quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
-// per row instead of half-used ones); otherwise 4-byte stores.
+// O / sum of this thread's two rows from registers to out[r] (rows[r] valid):
+// with p.out_vec16, each group of four 8-column chunks is transposed across
+// the quad so that every thread stores 16 contiguous bytes (full 32-byte
+// sectors per row instead of half-used ones); otherwise 4-byte stores.
 template <int D, int FP16>
-FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
-                          int quad, uint8_t *stage, int consumer_index, int ring) {
-    trace(consumer_index, ring, TR_EPI_BEGIN);
-    float inv[2], lse[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = quad_sum(st.sum[r]);
-        inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
-        lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
-    }
-    const OutRow rows[2] = {out_row(p, t, row0), out_row(p, t, row0 + 8)};
-    if (p.num_splits > 1) {
-        store_partial<D>(p, t, o, inv, lse, rows, quad);
-        return;
-    }
-    if (stage && p.out_tma) {
-        const int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
-        uint32_t packed[D / 4];
-        pack_output<D, FP16>(o, inv, packed);
-        store_tile_tma<D>(p, packed, query0, t.group, t.batch, stage, consumer_index, ring);
-        write_lse(p, t, lse, rows, quad);
-        return;
-    }
-    uint16_t *out[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++)
-        out[r] = (uint16_t *)p.out + t.batch * p.out_stride[0] + rows[r].query * p.out_stride[1] +
-                 rows[r].head * p.out_stride[2];
+FA3C_DEVICE void store_o_rows(const fa3c_fwd_kernel_params &p, const float *o, const float inv[2],
+                              const OutRow rows[2], uint16_t *const out[2], int quad) {
     if (p.out_vec16) {
 #pragma unroll
         for (int r = 0; r < 2; r++)   // row by row: one row's predicate live at a time
@@ -753,7 +774,77 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
             if (rows[r].valid) *(uint32_t *)(out[r] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
         }
     }
-    write_lse(p, t, lse, rows, quad);
+}
+
+// The epilogue of a tile of packed sequences (variable-length instances,
+// cu_seqlens_q): rows from the sequence's first token in one batch of
+// tokens; a TMA box where the warpgroup's rows all lie in the sequence,
+// else row by row from registers (o_box_allowed).
+template <int D, int FP16>
+FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
+                                 const float inv[2], const float lse[2], const OutRow rows[2], int quad,
+                                 uint8_t *stage, int consumer_index, int ring) {
+    if (stage && p.out_tma && o_box_allowed<true>(p, t, consumer_index)) {
+        uint32_t packed[D / 4];
+        pack_output<D, FP16>(o, inv, packed);
+        store_tile_tma<D>(p, packed, t.q_start + t.m0 + consumer_index * 64, t.group, 0, stage, consumer_index,
+                          ring);
+    } else {
+        uint16_t *out[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            out[r] = (uint16_t *)p.out + (int64_t)(t.q_start + rows[r].query) * p.out_stride[1] +
+                     rows[r].head * p.out_stride[2];
+        store_o_rows<D, FP16>(p, o, inv, rows, out, quad);
+    }
+    write_lse<true>(p, t, lse, rows, quad);
+}
+
+// O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
+// results (store_partial). Rows past the end are dropped. `stage`: where
+// this warpgroup stages O for store_tile_tma (NULL: nowhere). `ring`: for
+// the phase trace only (trace.cuh).
+// Register o[4c + 2r + e] is row row0 + 8r, column 8c + 2*quad + e. With
+// p.out_vec16, each group of four 8-column chunks is transposed across the
+// quad so that every thread stores 16 contiguous bytes (full 32-byte sectors
+// per row instead of half-used ones); otherwise 4-byte stores.
+template <int D, int FP16, bool VARLEN>
+FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
+                          int quad, uint8_t *stage, int consumer_index, int ring) {
+    trace(consumer_index, ring, TR_EPI_BEGIN);
+    float inv[2], lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = quad_sum(st.sum[r]);
+        inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
+        lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
+    }
+    const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
+    if (p.num_splits > 1) {
+        store_partial<D>(p, t, o, inv, lse, rows, quad);
+        return;
+    }
+    if constexpr (VARLEN) {
+        if (p.cu_seqlens_q) {
+            epilogue_packed<D, FP16>(p, t, o, inv, lse, rows, quad, stage, consumer_index, ring);
+            return;
+        }
+    }
+    if (stage && p.out_tma) {
+        const int query0 = fa3c_div(t.m0 + consumer_index * 64, p.div_pack);
+        uint32_t packed[D / 4];
+        pack_output<D, FP16>(o, inv, packed);
+        store_tile_tma<D>(p, packed, query0, t.group, t.batch, stage, consumer_index, ring);
+        write_lse<VARLEN>(p, t, lse, rows, quad);
+        return;
+    }
+    uint16_t *out[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+        out[r] = (uint16_t *)p.out + t.batch * p.out_stride[0] + rows[r].query * p.out_stride[1] +
+                 rows[r].head * p.out_stride[2];
+    store_o_rows<D, FP16>(p, o, inv, rows, out, quad);
+    write_lse<VARLEN>(p, t, lse, rows, quad);
 }
 
 // ---- consumer ------------------------------------------------------------------
@@ -761,7 +852,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 // The epilogue of a tile, through the O staging of this build (O_STAGE_*).
 // `ring` is past the tile's last key block; `step` the CTA's step (for the
 // stream-K cut, if any).
-template <int D, int BLOCK_N, int STAGES, int FP16>
+template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                              float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
                              int step) {
@@ -775,14 +866,15 @@ FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N
                                                                    BAR_EPILOGUE_WG0 + consumer_index);
     uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, stage, consumer_index, ring);
+        if (writes) epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, stage, consumer_index, ring);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
     // where the epilogue stages (not for split-KV partials or register stores).
-    const bool staged = writes && p.out_tma && p.num_splits == 1;
+    bool staged = writes && p.out_tma && p.num_splits == 1;
+    if constexpr (VARLEN) staged = staged && o_box_allowed<VARLEN>(p, t, consumer_index);
     if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
-    if (writes) epilogue<D, FP16>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
+    if (writes) epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
     release_o_staging(&sm.o_free, staged, cluster_size(p));
 }
 
@@ -932,7 +1024,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release_kv(&sm.v_empty[last], cluster_size(p));
-    finish_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
+    finish_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -953,7 +1045,7 @@ FA3C_DEVICE void idle_consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, 
 }
 
 // Rows whose every key is masked (or an empty key range): zeros and -inf.
-template <int D, int BLOCK_N, int STAGES, int FP16>
+template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
 FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                                   int consumer_index) {
     int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
@@ -965,8 +1057,29 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
     softmax_init(st);
     // Not through the V ring: the producer may be filling it for the next tile.
     bool in_v = FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V;
-    epilogue<D, FP16>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index, 0), consumer_index,
+    epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, in_v ? nullptr : o_staging(sm, consumer_index, 0), consumer_index,
                      TR_NO_BLOCK);
+}
+
+// The variable-length instances' dispatch of a tile to a consumer warpgroup
+// (consumer() below): as the fixed-length one, but a tile may be void (no
+// row of its packed sequence), and a packed sequence's first tile may start
+// at any row above 0, so that a warpgroup with rows on both sides computes
+// and writes its rows from 0 on.
+template <int D, int BLOCK_N, int STAGES, int FP16>
+FA3C_DEVICE void consumer_varlen_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
+                                      const FwdTile &t, int consumer_index, int &ring, int &q_uses, int step) {
+    if (tile_is_void<true>(t, FA3C_FWD_BLOCK_M(D))) return;
+    const int wg_m0 = t.m0 + consumer_index * 64;
+    if (tile_is_empty(t)) {
+        if (wg_m0 + 64 > 0) write_empty_tile<D, BLOCK_N, STAGES, FP16, true>(p, sm, t, consumer_index);
+    } else if (wg_m0 + 64 <= 0 || wg_m0 >= t.rows) {   // no row of the sequence: idle
+        idle_consumer_tile<D, BLOCK_N, STAGES, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
+    } else if (p.window_right >= 0) {
+        consumer_tile<D, BLOCK_N, STAGES, FP16, 1, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+    } else {
+        consumer_tile<D, BLOCK_N, STAGES, FP16, 0, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+    }
 }
 
 template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
@@ -977,11 +1090,15 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
         FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
+        if constexpr (VARLEN) {   // (a separate path: the fixed-length code stays as it was, byte for byte)
+            consumer_varlen_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_uses, step);
+            continue;
+        }
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
         const int wg_m0 = t.m0 + consumer_index * 64;
         if (tile_is_empty(t)) {
             if (!FA3C_FWD_CAUSAL_SHIFT || wg_m0 >= 0)
-                write_empty_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index);
+                write_empty_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, consumer_index);
         } else if ((unsigned)wg_m0 >= (unsigned)p.rows) {   // past the end or above row 0: idle
             idle_consumer_tile<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         } else {

@@ -44,23 +44,9 @@
 #include "fwd_params.h"
 #include "mask.cuh"
 #include "fwd_tiles.h"
+#include "fwd_tile.cuh"
 
-struct FwdTile {
-    int batch, head, head_kv;   // head: the first query head of the tile (of its group, when packed)
-    int group;                  // head / p.pack
-    int split;                  // key range of split-KV (0 without)
-    int m0;                     // first row (query, or query x head when packed)
-    int n_begin, n_end;         // key blocks to visit, visited from n_end - 1 down
-    int u_begin, u_end;         // key blocks with nothing masked (mask skipped)
-    int seqlen_k;               // keys of the tile's sequence: set in the variable-length instances only
-};
-
-// Keys of tile t's sequence: the call's, or in the variable-length instances
-// (VARLEN) the sequence's own, which tile_at looked up (keys_of_batch).
-template <bool VARLEN>
-FA3C_HOST_DEVICE int tile_keys(const fa3c_fwd_kernel_params &p, const FwdTile &t) {
-    return VARLEN ? t.seqlen_k : p.seqlen_k;
-}
+// (FwdTile: fwd_tile.cuh.)
 
 // A step's place at a stream-K cut: the CUT_START or CUT_REST piece of cut
 // `cut`, or CUT_NONE. Not part of FwdTile: the consumers look it up once,
@@ -80,7 +66,11 @@ FA3C_HOST_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
 
 // The splits of one (batch, group, row block) are consecutive tile numbers.
 // Divisions by launch constants go through fast_div.h. VARLEN: the
-// variable-length instances, whose sequences have their own number of keys.
+// variable-length instances, whose sequences have their own lengths
+// (sequence_of_batch). With cu_seqlens_q a sequence's row blocks are counted
+// from its end (block m_rev covers rows [rows - (m_rev + 1) block_m, + block_m)),
+// so that no Q box reaches past the sequence's end (fwd_tile.cuh); a tile
+// whose rows all lie below 0 is void (tile_is_void): nothing to do.
 template <bool VARLEN = false>
 FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int block_m, int block_n) {
     FwdTile t;
@@ -95,7 +85,14 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
     t.head = t.group * p.pack;
     t.head_kv = fa3c_div(t.head, p.div_group_size);
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m - (FA3C_FWD_CAUSAL_SHIFT ? p.m_shift : 0);
-    if (VARLEN) t.seqlen_k = keys_of_batch(p, t.batch);
+    if (VARLEN) {
+        sequence_of_batch(p, t.batch, block_n, t);
+        if (p.cu_seqlens_q) t.m0 = t.rows - (m_rev + 1) * block_m;
+        if (t.m0 + block_m <= 0) {   // void: no row of the sequence
+            t.n_begin = t.n_end = t.u_begin = t.u_end = 0;
+            return t;
+        }
+    }
     key_block_range<VARLEN>(p, t, t.m0, block_m, block_n, t.n_begin, t.n_end);
     t.n_begin = max(t.n_begin, t.split * p.blocks_per_split);
     t.n_end = min(t.n_end, (t.split + 1) * p.blocks_per_split);
@@ -104,6 +101,11 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
 }
 
 FA3C_HOST_DEVICE bool tile_is_empty(const FwdTile &t) { return t.n_end <= t.n_begin; }
+
+// A tile with no row of its sequence (variable-length instances, packed
+// sequences shorter than the longest): nothing to load, compute or write.
+template <bool VARLEN>
+FA3C_HOST_DEVICE bool tile_is_void(const FwdTile &t, int block_m) { return VARLEN && t.m0 + block_m <= 0; }
 
 // What the consumer warpgroup of rows [t.m0 + 64 * index, + 64) needs of a
 // non-empty tile: the key blocks past its last row's reach (causal, window)

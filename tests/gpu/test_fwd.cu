@@ -903,6 +903,227 @@ TEST(fwd_paged_kv_small) {
     run_case("small paged hdim128", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 16));
 }
 
+// Packed sequences (cu_seqlens): q and out (and k, v when keys are packed)
+// hold the sequences one after the other, lengths lens_q[b] (lens_k[b]);
+// unpacked keys are (batch, seqlen_k) with each sequence's first lens_k[b]
+// used (seqused_k). The references read the same packed tensors with host
+// cu_seqlens; the GPU output lies between poisoned guard regions (a tile's
+// rows above its sequence are computed from the previous sequence's tokens,
+// or zeros before the tensor, and must never be stored). Every element
+// written, the accuracy rule, the LSE ((heads, total_q)), two runs equal.
+typedef struct {
+    fa3c_dtype dtype;
+    int batch, heads_q, heads_kv, headdim;
+    int lens_q[6], lens_k[6];
+    int packed_k;        // 0: keys (batch, seqlen_k) with seqused_k = lens_k
+    int causal, window_left, window_right;
+    float softcap;
+} packed_case;
+
+static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
+    packed_case c;
+    memset(&c, 0, sizeof c);
+    c.dtype = dt;
+    c.batch = batch;
+    c.heads_q = c.heads_kv = h;
+    c.headdim = d;
+    for (int b = 0; b < batch; b++) {
+        c.lens_q[b] = lens_q[b];
+        c.lens_k[b] = lens_k[b];
+    }
+    c.packed_k = 1;
+    c.window_left = c.window_right = -1;
+    return c;
+}
+
+static void run_packed_case(const char *label, packed_case c) {
+    const int B = c.batch, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
+    const size_t es = tu_dtype_size(c.dtype);
+    int32_t cu_q[7] = {0}, cu_k[7] = {0};
+    int max_q = 1, max_k = 1;
+    for (int b = 0; b < B; b++) {
+        cu_q[b + 1] = cu_q[b] + c.lens_q[b];
+        cu_k[b + 1] = cu_k[b] + c.lens_k[b];
+        max_q = c.lens_q[b] > max_q ? c.lens_q[b] : max_q;
+        max_k = c.lens_k[b] > max_k ? c.lens_k[b] : max_k;
+    }
+    const int64_t TQ = cu_q[B], k_rows = c.packed_k ? cu_k[B] : (int64_t)B * max_k;
+    printf("[%s] %s b=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g keys %s, lengths", label,
+           tu_dtype_name(c.dtype), B, HQ, HK, D, c.causal, c.window_left, c.window_right, c.softcap,
+           c.packed_k ? "packed" : "(batch, seqlen_k) with seqused_k");
+    for (int b = 0; b < B; b++) printf(" %d/%d", c.lens_q[b], c.lens_k[b]);
+    printf("\n");
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    p.problem.dtype = c.dtype;
+    p.problem.batch = B;
+    p.problem.seqlen_q = max_q;
+    p.problem.seqlen_k = max_k;
+    p.problem.heads_q = HQ;
+    p.problem.heads_kv = HK;
+    p.problem.headdim = D;
+    p.problem.causal = c.causal;
+    p.problem.window_left = c.window_left;
+    p.problem.window_right = c.window_right;
+    p.problem.softcap = c.softcap;
+    p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
+    p.problem.cu_seqlens_q = cu_q;
+    int32_t used[6];
+    for (int b = 0; b < B; b++) used[b] = c.lens_k[b];
+    if (c.packed_k) p.problem.cu_seqlens_k = cu_k;
+    else p.problem.seqused_k = used;
+    const int64_t nq = TQ * HQ * D, nk = k_rows * HK * D;
+    void *hq = tu_alloc((nq + 1) * es), *hk = tu_alloc((nk + 1) * es), *hv = tu_alloc((nk + 1) * es);
+    tu_fill_normal(hq, c.dtype, nq, 1.f);
+    tu_fill_normal(hk, c.dtype, nk, 1.f);
+    tu_fill_normal(hv, c.dtype, nk, 1.f);
+    const int64_t q_st[4] = {0, HQ * D, D, 1}, k_st[4] = {c.packed_k ? 0 : max_k * HK * D, HK * D, D, 1};
+    memcpy(p.q.stride, q_st, sizeof q_st);
+    memcpy(p.out.stride, q_st, sizeof q_st);
+    memcpy(p.k.stride, k_st, sizeof k_st);
+    memcpy(p.v.stride, k_st, sizeof k_st);
+    // The float64 reference on fp32 copies, and the naive low-precision one.
+    float *fq = (float *)tu_alloc((nq + 1) * 4), *fk = (float *)tu_alloc((nk + 1) * 4), *fv = (float *)tu_alloc((nk + 1) * 4);
+    for (int64_t i = 0; i < nq; i++) fq[i] = tu_load(hq, c.dtype, i);
+    for (int64_t i = 0; i < nk; i++) {
+        fk[i] = tu_load(hk, c.dtype, i);
+        fv[i] = tu_load(hv, c.dtype, i);
+    }
+    float *ref = (float *)tu_alloc((nq + 1) * 4), *ref_lse = (float *)tu_alloc((HQ * TQ + 1) * 4);
+    fa3c_fwd_params r = p;
+    r.problem.dtype = FA3C_DTYPE_FP32;
+    r.q.data = fq;
+    r.k.data = fk;
+    r.v.data = fv;
+    r.out.data = ref;
+    r.lse = ref_lse;
+    r.backend = FA3C_BACKEND_CPU_REFERENCE;
+    CHECK(fa3c_fwd(&r, NULL) == FA3C_STATUS_OK, "reference: %s", fa3c_last_error());
+    void *lowp = tu_alloc((nq + 1) * es);
+    fa3c_fwd_params lp = p;
+    lp.q.data = hq;
+    lp.k.data = hk;
+    lp.v.data = hv;
+    lp.out.data = lowp;
+    CHECK(fa3c_cpu_fwd_reference_lowp(&lp) == FA3C_STATUS_OK, "lowp reference: %s", fa3c_last_error());
+
+    // The GPU run, twice; the output between guard regions of 256 token rows.
+    const int64_t guard = 256 * (int64_t)HQ * D;
+    void *dq = to_device(hq, (size_t)(nq + 1) * es), *dk = to_device(hk, (size_t)(nk + 1) * es);
+    void *dv = to_device(hv, (size_t)(nk + 1) * es);
+    int32_t *dcu_q = (int32_t *)to_device(cu_q, sizeof cu_q), *dcu_k = (int32_t *)to_device(cu_k, sizeof cu_k);
+    int32_t *dused = (int32_t *)to_device(used, sizeof used);
+    void *dout_alloc = NULL;
+    float *dlse = NULL;
+    CUDA_OK(cudaMalloc(&dout_alloc, (size_t)(nq + 2 * guard) * es));
+    CUDA_OK(cudaMalloc((void **)&dlse, (size_t)(HQ * TQ + 1) * 4));
+    void *dout = (char *)dout_alloc + guard * es;
+    void *gout[2] = {tu_alloc((nq + 1) * es), tu_alloc((nq + 1) * es)};
+    float *glse = (float *)tu_alloc((HQ * TQ + 1) * 4);
+    for (int run = 0; run < 2; run++) {
+        CUDA_OK(cudaMemset(dout_alloc, 0xFF, (size_t)(nq + 2 * guard) * es));   // NaN poison
+        CUDA_OK(cudaMemset(dlse, 0xFF, (size_t)(HQ * TQ + 1) * 4));
+        fa3c_fwd_params g = p;
+        g.q.data = dq;
+        g.k.data = dk;
+        g.v.data = dv;
+        g.out.data = dout;
+        g.lse = dlse;
+        g.problem.cu_seqlens_q = dcu_q;
+        if (c.packed_k) g.problem.cu_seqlens_k = dcu_k;
+        else g.problem.seqused_k = dused;
+        g.backend = FA3C_BACKEND_CUDA;
+        fa3c_status st = fa3c_fwd(&g, NULL);
+        CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
+        if (st != FA3C_STATUS_OK) return;
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(gout[run], dout, (size_t)nq * es, cudaMemcpyDeviceToHost));
+        if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, (size_t)HQ * TQ * 4, cudaMemcpyDeviceToHost));
+    }
+    int64_t guard_written = 0;
+    uint16_t *guards = (uint16_t *)tu_alloc((size_t)guard * es);
+    for (int side = 0; side < 2; side++) {
+        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + nq : 0) * es, (size_t)guard * es,
+                           cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < guard; i++) guard_written += guards[i] != 0xFFFF;
+    }
+    float *gf = (float *)tu_alloc((nq + 1) * 4), *lf = (float *)tu_alloc((nq + 1) * 4);
+    int64_t unwritten = 0, lse_bad = 0;
+    for (int64_t i = 0; i < nq; i++) {
+        gf[i] = tu_load(gout[0], c.dtype, i);
+        lf[i] = tu_load(lowp, c.dtype, i);
+        unwritten += isnan(gf[i]);
+    }
+    double err = tu_max_abs_err(gf, ref, nq), err_lowp = tu_max_abs_err(lf, ref, nq), atol = 1e-3, lse_err = 0;
+    for (int64_t i = 0; i < HQ * TQ; i++) {
+        if (isinf(ref_lse[i]) && isinf(glse[i]) && ref_lse[i] == glse[i]) continue;
+        double e = fabs((double)glse[i] - ref_lse[i]);
+        if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
+        if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
+    }
+    int identical = memcmp(gout[0], gout[1], (size_t)nq * es) == 0;
+    printf("    max err %.3g (naive %s %.3g, bound %.3g), LSE max err %.3g, runs identical %d\n", err,
+           tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, lse_err, identical);
+    CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
+    CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
+    CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
+    CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
+    CHECK(identical, "two runs on the same inputs differ: a race");
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused);
+    cudaFree(dout_alloc); cudaFree(dlse);
+    free(hq); free(hk); free(hv); free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
+    free(gout[0]); free(gout[1]); free(glse); free(guards); free(gf); free(lf);
+}
+
+// Sequences of 0, 1, a block, a block + 1 rows and keys, every head dim,
+// both dtypes, causal (bottom-right per sequence), windows, softcap, GQA;
+// keys packed too, or per sequence with seqused_k.
+TEST(fwd_packed_sequences) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int a[4] = {300, 1, 0, 129};
+    packed_case c = packed_base(BF16, 4, 2, 128, a, a);
+    run_packed_case("hdim128 self", c);
+    c.causal = 1;
+    run_packed_case("hdim128 self causal", c);
+    const int q64[3] = {500, 77, 200}, k64[3] = {520, 77, 193};
+    c = packed_base(BF16, 3, 2, 64, q64, k64);
+    c.causal = 1;
+    run_packed_case("hdim64 causal (192-row tiles)", c);
+    const int q256[2] = {81, 300}, k256[2] = {400, 300};
+    c = packed_base(BF16, 2, 2, 256, q256, k256);
+    c.window_left = 100;
+    c.window_right = 0;
+    run_packed_case("hdim256 window (O in the V ring)", c);
+    const int q96[2] = {33, 130}, k96[2] = {200, 50};
+    c = packed_base(FP16, 2, 2, 96, q96, k96);
+    c.softcap = 20.f;
+    run_packed_case("fp16 hdim96 cross, softcap (register stores)", c);
+    const int q192[2] = {113, 250}, k192[2] = {113, 250};
+    c = packed_base(BF16, 2, 4, 192, q192, k192);
+    c.heads_kv = 2;
+    c.causal = 1;
+    run_packed_case("hdim192 gqa causal", c);
+    const int qd[3] = {5, 40, 1}, kd[3] = {300, 1, 777};
+    c = packed_base(BF16, 3, 8, 128, qd, kd);
+    c.heads_kv = 1;
+    c.packed_k = 0;
+    c.causal = 1;
+    run_packed_case("mqa, packed queries, keys with seqused_k", c);
+    c.packed_k = 1;
+    run_packed_case("mqa, packed queries and keys", c);
+}
+
+// Small enough for compute-sanitizer (tools/gpu_check.sh).
+TEST(fwd_packed_sequences_small) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int q[3] = {70, 1, 129}, k[3] = {90, 200, 129};
+    packed_case c = packed_base(BF16, 3, 2, 128, q, k);
+    c.causal = 1;
+    run_packed_case("small packed hdim128", c);
+}
+
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.
 static void expect_not_supported(const char *what, fa3c_fwd_params p, const char *needle) {
     size_t bytes = (size_t)p.problem.batch * p.problem.seqlen_q * p.problem.heads_q * p.problem.headdim * 2;
@@ -956,9 +1177,6 @@ TEST(fwd_not_supported_is_reported) {
     const int32_t host_arrays[10] = {0, S, 0, 0, 0, 0, 0, 0, 0, 0};
     CUDA_OK(cudaMalloc((void **)&arrays, sizeof host_arrays));
     CUDA_OK(cudaMemcpy(arrays, host_arrays, sizeof host_arrays, cudaMemcpyHostToDevice));
-    x = p;
-    x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
-    expect_not_supported("cu_seqlens", x, "cu_seqlens");
     fa3c_fwd_params paged = p;   // pages of 12 keys (gcd with any key block: 4, not whole swizzle atoms)
     paged.problem.page_table = arrays + 2;
     paged.problem.page_table_stride = 6;
@@ -969,6 +1187,9 @@ TEST(fwd_not_supported_is_reported) {
     if (fa3c_cuda_fwd_block_n(&x.problem) == 0) {   // a build without the variable-length kernels
         expect_not_supported("seqused_k without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
         expect_not_supported("page table without FA3C_CUDA_VARLEN", paged, "FA3C_CUDA_VARLEN");
+        x = p;
+        x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
+        expect_not_supported("cu_seqlens without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
     } else {
         expect_not_supported("page size 12", paged, "multiple of 8");
     }

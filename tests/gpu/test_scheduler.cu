@@ -27,11 +27,22 @@
 #include "problem.h"
 
 typedef struct {
-    fa3c_problem pr;   // pr.seqused_k unset: check_plan points it at used[] when varlen
+    fa3c_problem pr;   // pr's arrays unset: check_plan points them at used[], cu_q[], cu_k[]
     int num_splits, sms, l2_bytes, block_m, block_n;
-    int varlen;        // keys per sequence: used[b] (seqused_k; the variable-length instances)
-    int32_t used[4];
+    // The variable-length instances: keys per sequence used[b] (seqused_k),
+    // packed queries (cu_seqlens_q = cu_q) and packed keys (cu_seqlens_k = cu_k).
+    int varlen, packed_q, packed_k;
+    int32_t used[4], cu_q[5], cu_k[5];
 } plan_case;
+
+// Prefix sums of 4 random lengths in [0, max]: empty, full, one, or any.
+static void random_prefix_sums(int32_t cu[5], int max) {
+    cu[0] = 0;
+    for (int b = 0; b < 4; b++) {
+        int kind = tu_rand_int(0, 5);
+        cu[b + 1] = cu[b] + (kind == 0 ? 0 : kind == 1 ? max : kind == 2 ? 1 : tu_rand_int(0, max));
+    }
+}
 
 static plan_case random_case(void) {
     plan_case c;
@@ -65,27 +76,58 @@ static plan_case random_case(void) {
         int kind = tu_rand_int(0, 5);
         c.used[b] = kind == 0 ? 0 : kind == 1 ? c.pr.seqlen_k : kind == 2 ? 1 : tu_rand_int(0, c.pr.seqlen_k);
     }
+    c.packed_q = c.varlen && tu_rand_int(0, 1);
+    c.packed_k = c.varlen && tu_rand_int(0, 1);
+    random_prefix_sums(c.cu_q, c.pr.seqlen_q);
+    random_prefix_sums(c.cu_k, c.pr.seqlen_k);
     return c;
+}
+
+// The problem of a case, its arrays pointing into the case (varlen: seqused_k
+// always, cu_seqlens as drawn).
+static fa3c_problem problem_of(const plan_case *c) {
+    fa3c_problem pr = c->pr;
+    if (c->varlen) pr.seqused_k = c->used;
+    if (c->packed_q) pr.cu_seqlens_q = c->cu_q;
+    if (c->packed_k) pr.cu_seqlens_k = c->cu_k;
+    return pr;
 }
 
 static plan_case fixed_case(int headdim, int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int sms);
 
 // The kernel's functions in the fixed-length or the variable-length form,
-// as the plan says (p.seqused_k).
+// as the plan says (any of the variable-length arrays).
+static int varlen_plan(const fa3c_fwd_kernel_params &p) {
+    return p.seqused_k || p.cu_seqlens_q || p.cu_seqlens_k || p.page_table;
+}
 static FwdTile tile_of(const fa3c_fwd_kernel_params &p, int tile, const plan_case *c) {
-    return p.seqused_k ? tile_at<true>(p, tile, c->block_m, c->block_n) : tile_at<false>(p, tile, c->block_m, c->block_n);
+    return varlen_plan(p) ? tile_at<true>(p, tile, c->block_m, c->block_n)
+                          : tile_at<false>(p, tile, c->block_m, c->block_n);
 }
 static FwdTile part_of(const fa3c_fwd_kernel_params &p, const FwdTile &t, int wg, int block_n) {
-    return p.seqused_k ? warpgroup_part<true>(p, t, wg, block_n) : warpgroup_part<false>(p, t, wg, block_n);
+    return varlen_plan(p) ? warpgroup_part<true>(p, t, wg, block_n) : warpgroup_part<false>(p, t, wg, block_n);
 }
 static void row_keys(const fa3c_fwd_kernel_params &p, const FwdTile &t, int row, int &lo, int &hi) {
-    if (p.seqused_k) key_range<true>(p, t, row, lo, hi);
+    if (varlen_plan(p)) key_range<true>(p, t, row, lo, hi);
     else key_range<false>(p, t, row, lo, hi);
 }
 static void blocks_of_rows(const fa3c_fwd_kernel_params &p, const FwdTile &t, int m0, int block_m, int block_n,
                            int &begin, int &end) {
-    if (p.seqused_k) key_block_range<true>(p, t, m0, block_m, block_n, begin, end);
+    if (varlen_plan(p)) key_block_range<true>(p, t, m0, block_m, block_n, begin, end);
     else key_block_range<false>(p, t, m0, block_m, block_n, begin, end);
+}
+static int rows_of(const fa3c_fwd_kernel_params &p, const FwdTile &t) { return varlen_plan(p) ? t.rows : p.rows; }
+static int key0_of(const fa3c_fwd_kernel_params &p, const FwdTile &t) { return varlen_plan(p) ? t.key0 : 0; }
+static int last_row_of(const fa3c_fwd_kernel_params &p, const FwdTile &t, int m0, int block_m) {
+    return varlen_plan(p) ? last_row<true>(p, t, m0, block_m) : last_row<false>(p, t, m0, block_m);
+}
+static int first_row_of(const fa3c_fwd_kernel_params &p, int m0) {
+    return varlen_plan(p) ? first_row<true>(m0) : first_row<false>(m0);
+}
+// The row block of a tile within its (batch, group): counted from the top,
+// or with packed queries from the sequence's end (tile_at).
+static int block_index_of(const fa3c_fwd_kernel_params &p, const FwdTile &t, int block_m) {
+    return p.cu_seqlens_q ? p.num_m_blocks - (t.rows - t.m0) / block_m : (t.m0 + p.m_shift) / block_m;
 }
 
 // Whether tile row `row`'s keys [lo, hi] (empty when lo > hi) are the
@@ -93,22 +135,22 @@ static void blocks_of_rows(const fa3c_fwd_kernel_params &p, const FwdTile &t, in
 static int keys_as_defined(const fa3c_problem *pr, const fa3c_fwd_kernel_params &p, int batch, int row, int lo,
                            int hi) {
     int want_lo, want_hi;
-    fa3c_key_range(pr, row / p.pack, pr->seqlen_q, fa3c_seqlen_k_of(pr, batch), &want_lo, &want_hi);
+    fa3c_key_range(pr, row / p.pack, fa3c_seqlen_q_of(pr, batch), fa3c_seqlen_k_of(pr, batch), &want_lo, &want_hi);
     return lo > hi ? want_lo > want_hi : lo == want_lo && hi == want_hi;
 }
 
 // The first of key blocks [begin, end) that masks some key of a row seeing
 // keys [lo, hi], or -1: blocks said to need no mask must hold only seen keys.
-static int masked_block_in(int begin, int end, int lo, int hi, int block_n) {
+// Block n holds keys key0 + n block_n ...
+static int masked_block_in(int begin, int end, int lo, int hi, int block_n, int key0 = 0) {
     for (int n = begin; n < end; n++)
-        if (lo > n * block_n || (n + 1) * block_n - 1 > hi) return n;
+        if (lo > key0 + n * block_n || key0 + (n + 1) * block_n - 1 > hi) return n;
     return -1;
 }
 
 // Checks one plan; returns 0 (after CHECK failures) when something is wrong.
 static int check_plan(const plan_case *c) {
-    fa3c_problem problem = c->pr;
-    if (c->varlen) problem.seqused_k = c->used;
+    const fa3c_problem problem = problem_of(c);
     const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
@@ -117,21 +159,28 @@ static int check_plan(const plan_case *c) {
     fa3c_status st = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts);
     char what[200];
     snprintf(what, sizeof what,
-             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d seqused %s%d,%d,..",
+             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d seqused %s%d,%d,.. "
+             "cu_q %s%d,%d,.. cu_k %s%d,%d,..",
              pr->batch, pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal,
              pr->window_left, pr->window_right, c->num_splits, c->sms, c->l2_bytes, c->varlen ? "" : "(off) ",
-             c->used[0], c->used[1]);
+             c->used[0], c->used[1], c->packed_q ? "" : "(off) ", c->cu_q[1], c->cu_q[2], c->packed_k ? "" : "(off) ",
+             c->cu_k[1], c->cu_k[2]);
     CHECK(st == FA3C_STATUS_OK, "%s: plan failed", what);
     if (st != FA3C_STATUS_OK) return 0;
-    CHECK(p.seqused_k == pr->seqused_k && (!p.seqused_k || (p.tail_units == 0 && p.cluster == 1)),
-          "%s: seqused_k %p, tail %lld, cluster %d", what, (const void *)p.seqused_k, (long long)p.tail_units,
-          p.cluster);
-    CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
-    CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
-          p.num_splits);
+    CHECK(p.seqused_k == pr->seqused_k && p.cu_seqlens_q == pr->cu_seqlens_q && p.cu_seqlens_k == pr->cu_seqlens_k &&
+              (!varlen_plan(p) || (p.tail_units == 0 && p.cluster == 1)),
+          "%s: arrays not in the plan, or tail %lld, cluster %d", what, (long long)p.tail_units, p.cluster);
+    CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv && !pr->cu_seqlens_q),
+          "%s: pack %d", what, pack);
+    CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits) &&
+              (!pr->cu_seqlens_q || p.num_splits == 1),
+          "%s: %d splits", what, p.num_splits);
     // Under a right bound (causal) without packing, the partial row block's
-    // whole idle warpgroups are at the top (fewest keys); otherwise at the bottom.
-    int want_shift = FA3C_FWD_CAUSAL_SHIFT && p.window_right >= 0 && pack == 1 ? (p.num_m_blocks * c->block_m - p.rows) / 64 * 64 : 0;
+    // whole idle warpgroups are at the top (fewest keys); otherwise at the
+    // bottom. (Packed queries: each sequence's tiles end at its end instead.)
+    int want_shift = FA3C_FWD_CAUSAL_SHIFT && p.window_right >= 0 && pack == 1 && !pr->cu_seqlens_q
+                         ? (p.num_m_blocks * c->block_m - p.rows) / 64 * 64
+                         : 0;
     CHECK(p.m_shift == want_shift && p.m_shift >= 0 && p.m_shift < c->block_m, "%s: m_shift %d (want %d)", what,
           p.m_shift, want_shift);
 
@@ -209,31 +258,53 @@ static int check_plan(const plan_case *c) {
     const int key_blocks = (pr->seqlen_k + c->block_n - 1) / c->block_n;
     const int row_blocks = p.batch * p.groups * p.num_m_blocks;
     int *covered = (int *)calloc((size_t)row_blocks * key_blocks, sizeof(int));
+    // Packed queries: how often each row of each (batch, group) is in a tile (once).
+    int *row_seen = (int *)calloc((size_t)row_blocks * c->block_m, sizeof(int));
     for (int tile = 0; tile < p.num_tiles && ok; tile++) {
         FwdTile t = tile_of(p, tile, c);
+        const int rows = rows_of(p, t), key0 = key0_of(p, t);
+        const int in_place = pr->cu_seqlens_q ? (rows - t.m0) % c->block_m == 0 && t.m0 < rows
+                                              : (t.m0 + p.m_shift) % c->block_m == 0 && t.m0 + c->block_m > 0 &&
+                                                    t.m0 < p.rows;
         ok = t.batch >= 0 && t.batch < p.batch && t.group >= 0 && t.group < p.groups && t.head == t.group * pack &&
-             t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && (t.m0 + p.m_shift) % c->block_m == 0 &&
-             t.m0 + c->block_m > 0 && t.m0 < p.rows && t.split >= 0 && t.split < p.num_splits;
-        CHECK(ok, "%s: tile %d -> batch %d group %d head %d kv %d m0 %d split %d", what, tile, t.batch, t.group,
-              t.head, t.head_kv, t.m0, t.split);
+             t.head_kv == t.head / (pr->heads_q / pr->heads_kv) && in_place && t.split >= 0 &&
+             t.split < p.num_splits;
+        CHECK(ok, "%s: tile %d -> batch %d group %d head %d kv %d m0 %d (rows %d) split %d", what, tile, t.batch,
+              t.group, t.head, t.head_kv, t.m0, rows, t.split);
         if (!ok) break;
-        ok = !p.seqused_k || t.seqlen_k == fa3c_seqlen_k_of(pr, t.batch);
-        CHECK(ok, "%s: tile %d of batch %d: %d keys (want %d)", what, tile, t.batch, t.seqlen_k,
-              fa3c_seqlen_k_of(pr, t.batch));
-        int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + (t.m0 + p.m_shift) / c->block_m;
+        ok = !varlen_plan(p) || (t.seqlen_k == fa3c_seqlen_k_of(pr, t.batch) &&
+                                 t.seqlen_q == fa3c_seqlen_q_of(pr, t.batch) && t.rows == t.seqlen_q * p.pack &&
+                                 key0 <= 0 && key0 > -c->block_n && (key0 == 0 || pr->cu_seqlens_k));
+        CHECK(ok, "%s: tile %d of batch %d: %d keys, %d queries, key0 %d (want %d keys, %d queries)", what, tile,
+              t.batch, t.seqlen_k, t.seqlen_q, key0, fa3c_seqlen_k_of(pr, t.batch), fa3c_seqlen_q_of(pr, t.batch));
+        if (t.m0 + c->block_m <= 0) {   // void (packed queries): nothing to walk
+            ok = pr->cu_seqlens_q && tile_is_empty(t) && tile_is_void<true>(t, c->block_m);
+            CHECK(ok, "%s: tile %d has no row but blocks [%d, %d)", what, tile, t.n_begin, t.n_end);
+            continue;
+        }
+        // Packed keys: no K/V box reaches past the sequence's last key (the host does not know where the
+        // packed tensors end); packed queries: no Q box past its last row (in_place).
+        ok = !pr->cu_seqlens_k || tile_is_empty(t) || key0 + t.n_end * c->block_n <= t.seqlen_k;
+        CHECK(ok, "%s: tile %d walks blocks [%d, %d) from key0 %d past the sequence's %d keys", what, tile, t.n_begin,
+              t.n_end, key0, t.seqlen_k);
+        const int rb = (t.batch * p.groups + t.group) * p.num_m_blocks + block_index_of(p, t, c->block_m);
         for (int n = t.n_begin; n < t.n_end; n++) covered[(size_t)rb * key_blocks + n]++;
+        if (pr->cu_seqlens_q)
+            for (int row = max(t.m0, 0); row < min(t.m0 + c->block_m, rows); row++)
+                row_seen[(size_t)(t.batch * p.groups + t.group) * p.num_m_blocks * c->block_m + row]++;
         int full_begin, full_end;
         blocks_of_rows(p, t, t.m0, c->block_m, c->block_n, full_begin, full_end);
-        int last = last_row(p, t.m0, c->block_m);
-        for (int row = first_row(t.m0); row <= last && ok; row++) {
+        int last = last_row_of(p, t, t.m0, c->block_m);
+        for (int row = first_row_of(p, t.m0); row <= last && ok; row++) {
             int lo, hi;
             row_keys(p, t, row, lo, hi);
             ok = keys_as_defined(pr, p, t.batch, row, lo, hi);
             CHECK(ok, "%s: tile %d row %d: keys [%d, %d], not as src/problem.h defines them", what, tile, row, lo, hi);
             if (lo > hi) continue;   // a fully masked row
-            ok = lo / c->block_n >= full_begin && hi / c->block_n < full_end;
-            CHECK(ok, "%s: row %d keys [%d, %d] outside blocks [%d, %d)", what, row, lo, hi, full_begin, full_end);
-            int bad = ok ? masked_block_in(t.u_begin, t.u_end, lo, hi, c->block_n) : -1;
+            ok = (lo - key0) / c->block_n >= full_begin && (hi - key0) / c->block_n < full_end;
+            CHECK(ok, "%s: row %d keys [%d, %d] outside blocks [%d, %d) (key0 %d)", what, row, lo, hi, full_begin,
+                  full_end, key0);
+            int bad = ok ? masked_block_in(t.u_begin, t.u_end, lo, hi, c->block_n, key0) : -1;
             ok = ok && bad < 0;
             CHECK(bad < 0, "%s: row %d keys [%d, %d], block %d said unmasked", what, row, lo, hi, bad);
         }
@@ -241,20 +312,21 @@ static int check_plan(const plan_case *c) {
         // blocks it skips hold no key of its rows, its unmasked blocks mask none.
         for (int wg = 0; wg < c->block_m / 64 && ok && !tile_is_empty(t); wg++) {
             int first = t.m0 + 64 * wg;
-            if (first >= p.rows) break;
-            if (first < 0) continue;   // its rows above row 0 (m_shift): idle
+            if (first >= rows) break;
+            if (first + 64 <= 0 || (first < 0 && !pr->cu_seqlens_q)) continue;   // its rows above row 0: idle
             FwdTile w = part_of(p, t, wg, c->block_n);
             ok = w.n_begin == t.n_begin && w.n_end > t.n_begin && w.n_end <= t.n_end;
             CHECK(ok, "%s: tile %d warpgroup %d keeps blocks [%d, %d) of [%d, %d)", what, tile, wg, w.n_begin,
                   w.n_end, t.n_begin, t.n_end);
-            for (int row = first_row(first); row <= last_row(p, first, 64) && ok; row++) {
+            for (int row = first_row_of(p, first); row <= last_row_of(p, t, first, 64) && ok; row++) {
                 int lo, hi;
                 row_keys(p, t, row, lo, hi);
                 if (lo > hi) continue;
-                ok = hi < w.n_end * c->block_n || w.n_end == t.n_end;
+                ok = hi - key0 < w.n_end * c->block_n || w.n_end == t.n_end;
                 CHECK(ok, "%s: tile %d warpgroup %d row %d sees key %d, past its blocks [%d, %d)", what, tile, wg, row,
                       hi, w.n_begin, w.n_end);
-                int bad = ok ? masked_block_in(max(w.u_begin, w.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n)
+                int bad = ok ? masked_block_in(max(w.u_begin, w.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n,
+                                               key0)
                              : -1;
                 ok = ok && bad < 0;
                 CHECK(bad < 0, "%s: warpgroup %d row %d keys [%d, %d], block %d said unmasked", what, wg, row, lo, hi,
@@ -263,10 +335,12 @@ static int check_plan(const plan_case *c) {
         }
     }
     for (int rb = 0; rb < row_blocks && ok; rb++) {
-        int m0 = rb % p.num_m_blocks * c->block_m - p.m_shift, begin, end;
-        FwdTile seq;   // the row block's sequence, for its number of keys
-        seq.seqlen_k = keys_of_batch(p, rb / (p.groups * p.num_m_blocks));
-        blocks_of_rows(p, seq, m0, c->block_m, c->block_n, begin, end);
+        FwdTile seq;   // the row block's sequence, for its lengths
+        sequence_of_batch(p, rb / (p.groups * p.num_m_blocks), c->block_n, seq);
+        const int index = rb % p.num_m_blocks;
+        int m0 = pr->cu_seqlens_q ? seq.rows - (p.num_m_blocks - index) * c->block_m : index * c->block_m - p.m_shift;
+        int begin = 0, end = 0;
+        if (m0 + c->block_m > 0) blocks_of_rows(p, seq, m0, c->block_m, c->block_n, begin, end);
         for (int n = 0; n < key_blocks && ok; n++) {
             int want = n >= begin && n < end;
             ok = covered[(size_t)rb * key_blocks + n] == want;
@@ -275,6 +349,15 @@ static int check_plan(const plan_case *c) {
         }
     }
     free(covered);
+    for (int bg = 0; bg < p.batch * p.groups && ok && pr->cu_seqlens_q; bg++) {
+        const int rows = fa3c_seqlen_q_of(pr, bg / p.groups) * p.pack;
+        for (int row = 0; row < p.num_m_blocks * c->block_m && ok; row++) {
+            const int seen = row_seen[(size_t)bg * p.num_m_blocks * c->block_m + row];
+            ok = seen == (row < rows);
+            CHECK(ok, "%s: (batch, group) %d row %d of %d in %d tiles", what, bg, row, rows, seen);
+        }
+    }
+    free(row_seen);
     return ok;
 }
 
@@ -318,20 +401,40 @@ TEST(instance_choice_hdim256_short_causal) {
           "seqused_k, window, 300 keys: block_n %d", fa3c_cuda_fwd_block_n(&pr));
 }
 
-// The variable-length instances read seqused_k from device memory, which
-// the host cannot check: a count below 0 or above seqlen_k is kept within
-// [0, seqlen_k], so the kernel never walks keys past the K/V tensors.
-TEST(scheduler_seqused_k_clamped) {
+// The variable-length instances read seqused_k and cu_seqlens from device
+// memory, which the host cannot check: a length below 0 or above the call's
+// maximum is kept within [0, maximum], so the kernel never walks keys or
+// rows past the tensors; packed keys' blocks end at the last key.
+static FwdTile sequence(const fa3c_fwd_kernel_params &p, int b) {
+    FwdTile t;
+    sequence_of_batch(p, b, 128, t);
+    return t;
+}
+TEST(scheduler_sequence_lengths_clamped) {
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     const int32_t used[4] = {-5, 0, 700, 1000};
+    p.seqlen_q = 300;
     p.seqlen_k = 700;
-    CHECK(keys_of_batch(p, 2) == 700, "no seqused_k: %d keys", keys_of_batch(p, 2));
+    p.pack = 2;
+    CHECK(sequence(p, 2).seqlen_k == 700 && sequence(p, 2).key0 == 0, "no seqused_k: %d keys", sequence(p, 2).seqlen_k);
     p.seqused_k = used;
-    CHECK(keys_of_batch(p, 0) == 0 && keys_of_batch(p, 1) == 0 && keys_of_batch(p, 2) == 700 &&
-              keys_of_batch(p, 3) == 700,
-          "keys %d %d %d %d (want 0 0 700 700)", keys_of_batch(p, 0), keys_of_batch(p, 1), keys_of_batch(p, 2),
-          keys_of_batch(p, 3));
+    CHECK(sequence(p, 0).seqlen_k == 0 && sequence(p, 1).seqlen_k == 0 && sequence(p, 2).seqlen_k == 700 &&
+              sequence(p, 3).seqlen_k == 700,
+          "keys %d %d %d %d (want 0 0 700 700)", sequence(p, 0).seqlen_k, sequence(p, 1).seqlen_k,
+          sequence(p, 2).seqlen_k, sequence(p, 3).seqlen_k);
+    const int32_t cu_q[5] = {0, 100, 90, 500, 800}, cu_k[5] = {0, 300, 1200, 1250, 1250};
+    p.seqused_k = NULL;
+    p.cu_seqlens_q = cu_q;
+    p.cu_seqlens_k = cu_k;
+    const FwdTile s0 = sequence(p, 0), s1 = sequence(p, 1), s2 = sequence(p, 2), s3 = sequence(p, 3);
+    CHECK(s0.seqlen_q == 100 && s0.rows == 200 && s0.q_start == 0 && s1.seqlen_q == 0 && s2.seqlen_q == 300 &&
+              s2.q_start == 90 && s3.seqlen_q == 300,
+          "queries %d %d %d %d (want 100 0 300 300)", s0.seqlen_q, s1.seqlen_q, s2.seqlen_q, s3.seqlen_q);
+    CHECK(s0.seqlen_k == 300 && s0.key0 == -84 && s1.seqlen_k == 700 && s1.k_start == 300 && s1.key0 == -68 &&
+              s2.seqlen_k == 50 && s2.key0 == -78 && s3.seqlen_k == 0 && s3.key0 == 0,
+          "keys %d %d %d %d, key0 %d %d %d %d", s0.seqlen_k, s1.seqlen_k, s2.seqlen_k, s3.seqlen_k, s0.key0, s1.key0,
+          s2.key0, s3.key0);
 }
 
 // Paged KV: K/V boxes of gcd(block_n, page_size) rows (a box lies inside
@@ -408,7 +511,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                               : t.m0 + c->block_m <= 0 || begin >= end || (begin >= t.n_begin && end <= t.n_end);
                 CHECK(ok, "%s: rank %d at m0 %d needs blocks [%d, %d), walks [%d, %d)", what, k, t.m0, begin, end,
                       t.n_begin, t.n_end);
-                for (int row = first_row(t.m0); row <= last_row(p, t.m0, c->block_m) && ok; row++) {
+                for (int row = first_row(t.m0); row <= last_row<false>(p, t, t.m0, c->block_m) && ok; row++) {
                     int lo, hi;
                     key_range<false>(p, t, row, lo, hi);
                     if (lo > hi) continue;
@@ -431,7 +534,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                     ok = w.n_end > t.n_begin && w.n_end <= t.n_end;
                     CHECK(ok, "%s: rank %d warpgroup %d computes [%d, %d) of [%d, %d)", what, k, wg, t.n_begin, w.n_end,
                           t.n_begin, t.n_end);
-                    for (int row = wg_m0; row <= last_row(p, wg_m0, 64) && ok; row++) {
+                    for (int row = wg_m0; row <= last_row<false>(p, t, wg_m0, 64) && ok; row++) {
                         int lo, hi;
                         key_range<false>(p, t, row, lo, hi);
                         if (lo > hi) continue;
@@ -460,8 +563,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
 // kernel's clusters would (walk_clusters). Returns 0 when something is
 // wrong, else the cluster size.
 static int check_cluster_plan(const plan_case *c, int masked) {
-    fa3c_problem problem = c->pr;
-    if (c->varlen) problem.seqused_k = c->used;   // never paired (not built for them)
+    const fa3c_problem problem = problem_of(c);   // the variable-length arrays: never paired (not built for them)
     const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
@@ -477,7 +579,8 @@ static int check_cluster_plan(const plan_case *c, int masked) {
     if (!ok) return 0;
     const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
     const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
-    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k;
+    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k &&
+                    !pr->cu_seqlens_q && !pr->cu_seqlens_k;
     ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
          (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
     CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
@@ -566,7 +669,9 @@ TEST(scheduler_cluster_pairs) {
     int paired = 0, paired_masked = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
-        c.varlen = i % 10 == 0;   // a tenth with seqused_k, which must never pair
+        c.varlen = i % 10 == 0;   // a tenth with seqused_k (and perhaps cu_seqlens), which must never pair
+        c.packed_q = c.packed_q && c.varlen;
+        c.packed_k = c.packed_k && c.varlen;
         if (i % 2) {   // half of them without a mask or split-KV, where clusters may apply
             c.pr.causal = 0;
             c.pr.window_left = c.pr.window_right = -1;
