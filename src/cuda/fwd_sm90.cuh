@@ -679,7 +679,7 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
     if constexpr (VARLEN) {
         if (p.cu_seqlens_q) {
             if (p.lse && quad == 0) {
-                const int64_t total = p.cu_seqlens_q[p.batch];
+                const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as fwd_tile.cuh
 #pragma unroll
                 for (int r = 0; r < 2; r++)
                     if (rows[r].valid) p.lse[rows[r].head * total + t.q_start + rows[r].query] = lse[r];

@@ -45,21 +45,25 @@ FA3C_HOST_DEVICE int tile_key0(const FwdTile &t) {
 
 // Sequence b's lengths and offsets into t (variable-length instances). The
 // arrays are device memory the host could not check: each length is kept
-// within [0, the call's maximum], so a bad value cannot send the kernel past
-// the tensors' bounds. With cu_seqlens_k the key blocks end at the last key
-// (key0 = keys - ceil(keys / block_n) block_n): no K/V box then reaches past
-// the sequence's end, so none reads past the packed tensors, whose length
-// the host does not know; keys below 0 (the previous sequence's, or zeros
-// past the tensor's start) are masked.
+// within [0, the call's maximum] and each packed sequence within the
+// batch x seqlen tokens the host knows of, so that bad values cannot send
+// the kernel past those bounds (within them, valid arrays remain the
+// caller's duty: the tensors may be shorter). With cu_seqlens_k the key
+// blocks end at the last key (key0 = keys - ceil(keys / block_n) block_n):
+// no K/V box then reaches past the sequence's end, so none reads past the
+// packed tensors, whose length the host does not know; keys below 0 (the
+// previous sequence's, or zeros before the tensor's start) are masked.
 FA3C_HOST_DEVICE void sequence_of_batch(const fa3c_fwd_kernel_params &p, int b, int block_n, FwdTile &t) {
     int q0 = 0, nq = p.seqlen_q, k0 = 0, nk = p.seqlen_k;
     if (p.cu_seqlens_q) {
         q0 = p.cu_seqlens_q[b];
         nq = min(max(p.cu_seqlens_q[b + 1] - q0, 0), p.seqlen_q);
+        q0 = min(max(q0, 0), p.batch * p.seqlen_q - nq);
     }
     if (p.cu_seqlens_k) {
         k0 = p.cu_seqlens_k[b];
         nk = min(max(p.cu_seqlens_k[b + 1] - k0, 0), p.seqlen_k);
+        k0 = min(max(k0, 0), p.batch * p.seqlen_k - nk);
     }
     if (p.seqused_k) nk = min(max(p.seqused_k[b], 0), nk);
     t.seqlen_q = nq;

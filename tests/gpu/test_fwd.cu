@@ -1112,6 +1112,16 @@ TEST(fwd_packed_sequences) {
     run_packed_case("mqa, packed queries, keys with seqused_k", c);
     c.packed_k = 1;
     run_packed_case("mqa, packed queries and keys", c);
+    // Queries without keys (empty tiles: zeros and LSE -inf, by TMA box or, for a warpgroup with rows on
+    // both sides of the sequence's start, from registers), and a window that empties whole tiles.
+    const int qe[3] = {70, 5, 200}, ke[3] = {90, 0, 0};
+    c = packed_base(BF16, 3, 2, 128, qe, ke);
+    run_packed_case("queries without keys", c);
+    const int qw[2] = {600, 300}, kw[2] = {100, 300};
+    c = packed_base(BF16, 2, 2, 128, qw, kw);
+    c.window_left = 50;
+    c.window_right = 0;
+    run_packed_case("window (50, 0), sq > sk: empty tiles", c);
 }
 
 // Small enough for compute-sanitizer (tools/gpu_check.sh).

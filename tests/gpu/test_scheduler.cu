@@ -31,7 +31,7 @@ typedef struct {
     int num_splits, sms, l2_bytes, block_m, block_n;
     // The variable-length instances: keys per sequence used[b] (seqused_k),
     // packed queries (cu_seqlens_q = cu_q) and packed keys (cu_seqlens_k = cu_k).
-    int varlen, packed_q, packed_k;
+    int varlen, packed_q, packed_k, no_used;   // no_used: varlen without seqused_k
     int32_t used[4], cu_q[5], cu_k[5];
 } plan_case;
 
@@ -76,6 +76,7 @@ static plan_case random_case(void) {
         int kind = tu_rand_int(0, 5);
         c.used[b] = kind == 0 ? 0 : kind == 1 ? c.pr.seqlen_k : kind == 2 ? 1 : tu_rand_int(0, c.pr.seqlen_k);
     }
+    c.no_used = tu_rand_int(0, 2) == 0;
     c.packed_q = c.varlen && tu_rand_int(0, 1);
     c.packed_k = c.varlen && tu_rand_int(0, 1);
     random_prefix_sums(c.cu_q, c.pr.seqlen_q);
@@ -87,7 +88,7 @@ static plan_case random_case(void) {
 // always, cu_seqlens as drawn).
 static fa3c_problem problem_of(const plan_case *c) {
     fa3c_problem pr = c->pr;
-    if (c->varlen) pr.seqused_k = c->used;
+    if (c->varlen && !c->no_used) pr.seqused_k = c->used;
     if (c->packed_q) pr.cu_seqlens_q = c->cu_q;
     if (c->packed_k) pr.cu_seqlens_k = c->cu_k;
     return pr;
@@ -414,6 +415,7 @@ TEST(scheduler_sequence_lengths_clamped) {
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     const int32_t used[4] = {-5, 0, 700, 1000};
+    p.batch = 4;
     p.seqlen_q = 300;
     p.seqlen_k = 700;
     p.pack = 2;
@@ -435,6 +437,15 @@ TEST(scheduler_sequence_lengths_clamped) {
               s2.seqlen_k == 50 && s2.key0 == -78 && s3.seqlen_k == 0 && s3.key0 == 0,
           "keys %d %d %d %d, key0 %d %d %d %d", s0.seqlen_k, s1.seqlen_k, s2.seqlen_k, s3.seqlen_k, s0.key0, s1.key0,
           s2.key0, s3.key0);
+    // Starts past the batch x seqlen tokens the host knows of (or below 0): the sequence kept inside them.
+    const int32_t cu_bad[5] = {-50, 10, 5000, 5100, 9000};
+    p.cu_seqlens_q = cu_bad;
+    p.cu_seqlens_k = cu_bad;
+    const FwdTile b0 = sequence(p, 0), b2 = sequence(p, 2);
+    CHECK(b0.q_start == 0 && b0.seqlen_q == 60 && b2.q_start == 1200 - 100 && b2.seqlen_q == 100 &&
+              b2.k_start == 2800 - 100 && b2.seqlen_k == 100,
+          "clamped starts: q %d (%d) and %d (%d), k %d (%d)", b0.q_start, b0.seqlen_q, b2.q_start, b2.seqlen_q,
+          b2.k_start, b2.seqlen_k);
 }
 
 // Paged KV: K/V boxes of gcd(block_n, page_size) rows (a box lies inside
