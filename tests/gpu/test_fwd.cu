@@ -55,6 +55,51 @@ static void *to_device(const void *h, size_t bytes) {
     return d;
 }
 
+// Elements of the poisoned (0xFFFF: NaN) guard regions of `guard` elements
+// before and after the n-element output at out_alloc + guard that the
+// kernel overwrote; -1 when they could not be read.
+static int64_t guards_written(const void *out_alloc, int64_t guard, int64_t n, size_t es) {
+    uint16_t *guards = (uint16_t *)tu_alloc((size_t)guard * es);
+    int64_t written = 0;
+    for (int side = 0; side < 2; side++) {
+        if (cudaMemcpy(guards, (const char *)out_alloc + (side ? guard + n : 0) * es, (size_t)guard * es,
+                       cudaMemcpyDeviceToHost) != cudaSuccess) {
+            written = -1;
+            break;
+        }
+        for (int64_t i = 0; i < guard; i++) written += guards[i] != 0xFFFF;
+    }
+    free(guards);
+    return written;
+}
+
+// The checks every case makes, on n output elements as floats: the GPU's
+// (gf) written everywhere (no NaN poison left) and within ARCHITECTURE.md's
+// rule against the float64 reference (ref), given the naive one in the
+// input precision (lf); the n_lse LSE values close; the two runs' bytes
+// equal (a moving result is a race); nothing written outside (guards).
+static void check_outputs(fa3c_dtype dt, const float *gf, const float *lf, const float *ref, int64_t n,
+                          const float *glse, const float *ref_lse, int64_t n_lse, int identical,
+                          int64_t guard_written) {
+    int64_t unwritten = 0, lse_bad = 0;
+    for (int64_t i = 0; i < n; i++) unwritten += isnan(gf[i]);
+    const double err = tu_max_abs_err(gf, ref, n), err_lowp = tu_max_abs_err(lf, ref, n), atol = 1e-3;
+    double lse_err = 0;
+    for (int64_t i = 0; i < n_lse; i++) {
+        if (isinf(ref_lse[i]) && isinf(glse[i]) && ref_lse[i] == glse[i]) continue;
+        double e = fabs((double)glse[i] - ref_lse[i]);
+        if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
+        if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
+    }
+    printf("    max err %.3g (naive %s %.3g, bound %.3g), rel L2 %.3g, LSE max err %.3g, runs identical %d\n", err,
+           tu_dtype_name(dt), err_lowp, 2 * err_lowp + atol, tu_rel_l2_err(gf, ref, n), lse_err, identical);
+    CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
+    CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
+    CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
+    CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
+    CHECK(identical, "two runs on the same inputs differ: a race");
+}
+
 static void run_case(const char *label, fwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
@@ -261,23 +306,12 @@ static void run_case(const char *label, fwd_case c) {
         CUDA_OK(cudaMemcpy(gout[run], dout, n_out * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
     }
-    int64_t guard_written = 0;
-    uint16_t *guards = (uint16_t *)tu_alloc(guard * es);
-    for (int side = 0; side < 2; side++) {
-        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + n_out : 0) * es, guard * es,
-                           cudaMemcpyDeviceToHost));
-        for (int64_t i = 0; i < guard; i++) guard_written += guards[i] != 0xFFFF;
-    }
-    free(guards);
-
-    // Every element written, the rule met, the LSE close, the two runs equal.
+    // Every element written, the rule met, the LSE close, the two runs equal; padding untouched.
     float *gf = (float *)tu_alloc(nq * 4), *lf = (float *)tu_alloc(nq * 4);
     fa3c_tensor gt = p.out;
     gt.data = gout[0];
     tu_gather(gf, &gt, c.dtype, B, SQ, HQ, D);   // the logical output, padding skipped
     for (int64_t i = 0; i < nq; i++) lf[i] = tu_load(lowp, c.dtype, i);
-    int64_t unwritten = 0;
-    for (int64_t i = 0; i < nq; i++) unwritten += isnan(gf[i]);
     int64_t pad_written = 0;   // padding between output rows must keep its poison
     for (int64_t row = 0; row < B * SQ; row++)
         for (int64_t e = HQ * D; e < out_row; e++) {
@@ -285,26 +319,9 @@ static void run_case(const char *label, fwd_case c) {
             memcpy(&bits, (char *)gout[0] + (row * out_row + e) * es, 2);
             pad_written += bits != 0xFFFF;
         }
-    double err = tu_max_abs_err(gf, ref, nq), err_lowp = tu_max_abs_err(lf, ref, nq);
-    double rel = tu_rel_l2_err(gf, ref, nq);
-    double atol = 1e-3;
-    double lse_err = 0;
-    int64_t lse_bad = 0;
-    for (int64_t i = 0; i < B * HQ * SQ; i++) {
-        if (isinf(ref_lse[i]) && isinf(glse[i]) && ref_lse[i] == glse[i]) continue;
-        double e = fabs((double)glse[i] - ref_lse[i]);
-        if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
-        if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
-    }
-    int identical = memcmp(gout[0], gout[1], n_out * es) == 0;
-    printf("    max err %.3g (naive %s %.3g, bound %.3g), rel L2 %.3g, LSE max err %.3g, runs identical %d\n",
-           err, tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, rel, lse_err, identical);
-    CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
+    check_outputs(c.dtype, gf, lf, ref, nq, glse, ref_lse, B * HQ * SQ, memcmp(gout[0], gout[1], n_out * es) == 0,
+                  guards_written(dout_alloc, guard, n_out, es));
     CHECK(pad_written == 0, "%lld padding elements overwritten", (long long)pad_written);
-    CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
-    CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
-    CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
-    CHECK(identical, "two runs on the same inputs differ: a race");
 
     cudaFree(dq);
     if (!hpacked) { cudaFree(dk); cudaFree(dv); }
@@ -1040,39 +1057,17 @@ static void run_packed_case(const char *label, packed_case c) {
         CUDA_OK(cudaMemcpy(gout[run], dout, (size_t)nq * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, (size_t)HQ * TQ * 4, cudaMemcpyDeviceToHost));
     }
-    int64_t guard_written = 0;
-    uint16_t *guards = (uint16_t *)tu_alloc((size_t)guard * es);
-    for (int side = 0; side < 2; side++) {
-        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + nq : 0) * es, (size_t)guard * es,
-                           cudaMemcpyDeviceToHost));
-        for (int64_t i = 0; i < guard; i++) guard_written += guards[i] != 0xFFFF;
-    }
     float *gf = (float *)tu_alloc((nq + 1) * 4), *lf = (float *)tu_alloc((nq + 1) * 4);
-    int64_t unwritten = 0, lse_bad = 0;
     for (int64_t i = 0; i < nq; i++) {
         gf[i] = tu_load(gout[0], c.dtype, i);
         lf[i] = tu_load(lowp, c.dtype, i);
-        unwritten += isnan(gf[i]);
     }
-    double err = tu_max_abs_err(gf, ref, nq), err_lowp = tu_max_abs_err(lf, ref, nq), atol = 1e-3, lse_err = 0;
-    for (int64_t i = 0; i < HQ * TQ; i++) {
-        if (isinf(ref_lse[i]) && isinf(glse[i]) && ref_lse[i] == glse[i]) continue;
-        double e = fabs((double)glse[i] - ref_lse[i]);
-        if (!(e <= 2e-3 * (1 + fabs(ref_lse[i])))) lse_bad++;
-        if (!(e <= lse_err)) lse_err = isnan(e) ? INFINITY : e;
-    }
-    int identical = memcmp(gout[0], gout[1], (size_t)nq * es) == 0;
-    printf("    max err %.3g (naive %s %.3g, bound %.3g), LSE max err %.3g, runs identical %d\n", err,
-           tu_dtype_name(c.dtype), err_lowp, 2 * err_lowp + atol, lse_err, identical);
-    CHECK(unwritten == 0, "%lld output elements left unwritten (NaN)", (long long)unwritten);
-    CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
-    CHECK(err <= 2 * err_lowp + atol, "max error %g over bound %g", err, 2 * err_lowp + atol);
-    CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
-    CHECK(identical, "two runs on the same inputs differ: a race");
+    check_outputs(c.dtype, gf, lf, ref, nq, glse, ref_lse, HQ * TQ, memcmp(gout[0], gout[1], (size_t)nq * es) == 0,
+                  guards_written(dout_alloc, guard, nq, es));
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused);
     cudaFree(dout_alloc); cudaFree(dlse);
     free(hq); free(hk); free(hv); free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
-    free(gout[0]); free(gout[1]); free(glse); free(guards); free(gf); free(lf);
+    free(gout[0]); free(gout[1]); free(glse); free(gf); free(lf);
 }
 
 // Sequences of 0, 1, a block, a block + 1 rows and keys, every head dim,
