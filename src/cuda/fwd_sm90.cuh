@@ -5,9 +5,10 @@
 // one split-KV range of them:
 //   warpgroup 0  producer: one thread streams Q once, then K and V tiles
 //                through a ring of STAGES smem slots with TMA (mbarriers);
-//                in the variable-length instances (VARLEN: sequences with
-//                their own number of keys) a second warp zeroes the V rows
-//                past a sequence's last key before P·V reads them (v_guard);
+//                in the variable-length instances (VARLEN: sequences of
+//                their own lengths, seqused_k or cu_seqlens, and paged KV)
+//                a second warp zeroes the V rows outside a sequence's keys
+//                before P·V reads them (v_guard);
 //   warpgroups 1, 2  consumers: 64 rows each. Per key block:
 //                S = Q·Kᵀ (wgmma, smem x smem), mask, online softmax,
 //                O += P·V (wgmma, P from registers).
