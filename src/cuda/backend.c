@@ -187,8 +187,7 @@ static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
  * (batch, seqlen); packed sequences (cu_seqlens) as one batch of batch x
  * seqlen tokens, a bound (the true totals are device memory; the kernel's
  * boxes stay inside the sequences, fwd_tile.cuh); K/V pages (num_pages,
- * page_size). A GQA-packed Q map is built elsewhere (no packing with
- * cu_seqlens_q: fwd_plan.c). */
+ * page_size). */
 static int packed_tokens(int batch, int seqlen) {   /* the kernel's coordinates are int32 */
     int64_t n = (int64_t)batch * seqlen;
     return n > INT32_MAX ? INT32_MAX : (int)n;
@@ -286,14 +285,14 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_plan_facts facts = device_facts();
     facts.block_m = block_m;
     facts.block_n = block_n;
+    int q_outer, q_rows, kv_outer, kv_rows;
+    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     int pack = fa3c_fwd_plan_pack(pr, block_m);
-    if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q, pack,
-                                           pr->headdim, cols, block_m) != FA3C_STATUS_OK)
+    if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, pack, pr->headdim,
+                                           cols, block_m) != FA3C_STATUS_OK)
         pack = 1;   /* strides the 5-D map can't take: no packing */
     /* K and V boxes: a key block, in a cluster the half each CTA loads for
      * both, or with a page table a part of a block inside one page (k.page_rows). */
-    int q_outer, q_rows, kv_outer, kv_rows;
-    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, 1,
                                                   pr->headdim, cols, block_m))) ||
         (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))

@@ -41,7 +41,6 @@ int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(bl
 int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m) {
     int group = pr->heads_q / pr->heads_kv;
     if (group == 1 || block_m % group != 0 || (long long)pr->seqlen_q * group > INT32_MAX) return 1;
-    if (pr->cu_seqlens_q) return 1;   /* packed sequences: not built for them yet */
     long long packed = ((long long)pr->seqlen_q * group + block_m - 1) / block_m;
     long long unpacked = (long long)group * ((pr->seqlen_q + block_m - 1) / block_m);
     return packed < unpacked ? group : 1;

@@ -156,17 +156,18 @@ FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, 
 // pack queries} at (query m0 / pack, group, batch), so that box row
 // i * pack + h is query i, head h of the group (GQA packing, fwd_params.h;
 // pack = 1 is a plain block of BLOCK_M queries of one head). Packed
-// sequences (VARLEN, cu_seqlens_q; pack 1): rows from the sequence's first
-// token on a map of one batch of tokens (rows above 0, of the previous
-// sequence or before the tensor's start, read as zeros there, are never stored).
+// sequences (VARLEN, cu_seqlens_q): queries from the sequence's first token
+// on a map of one batch of tokens; rows above 0 (the previous sequence's, or
+// zeros before the tensor's start) are never stored. There m0 may be below 0,
+// a multiple of pack (tile_at): a plain division, exact, keeps its sign.
 template <int D, bool VARLEN>
 FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint64_t *bar, const FwdTile &t) {
     typedef TileLayout<D> L;
     if (VARLEN && p.cu_seqlens_q) {
 #pragma unroll
         for (int c = 0; c < D / L::CHUNK; c++)
-            tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0, t.q_start + t.m0,
-                        t.group, 0);
+            tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0,
+                        t.q_start + t.m0 / p.pack, t.group, 0);
         return;
     }
 #pragma unroll
@@ -788,8 +789,8 @@ FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile 
     if (stage && p.out_tma && o_box_allowed<true>(p, t, consumer_index)) {
         uint32_t packed[D / 4];
         pack_output<D, FP16>(o, inv, packed);
-        store_tile_tma<D>(p, packed, t.q_start + t.m0 + consumer_index * 64, t.group, 0, stage, consumer_index,
-                          ring);
+        store_tile_tma<D>(p, packed, t.q_start + (t.m0 + consumer_index * 64) / p.pack, t.group, 0, stage,
+                          consumer_index, ring);
     } else {
         uint16_t *out[2];
 #pragma unroll

@@ -1071,8 +1071,9 @@ static void run_packed_case(const char *label, packed_case c) {
 }
 
 // Sequences of 0, 1, a block, a block + 1 rows and keys, every head dim,
-// both dtypes, causal (bottom-right per sequence), windows, softcap, GQA;
-// keys packed too, or per sequence with seqused_k.
+// both dtypes, causal (bottom-right per sequence), windows, softcap, GQA
+// (packed into a tile's rows where that takes fewer tiles); keys packed too,
+// or per sequence with seqused_k.
 TEST(fwd_packed_sequences) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
@@ -1107,6 +1108,19 @@ TEST(fwd_packed_sequences) {
     run_packed_case("mqa, packed queries, keys with seqused_k", c);
     c.packed_k = 1;
     run_packed_case("mqa, packed queries and keys", c);
+    // GQA packing (the query heads of a KV head as the rows of one tile): decode (one query per
+    // sequence, 8 heads per KV head), and 4 heads per KV head with a tile starting above a sequence.
+    const int q1[6] = {1, 1, 1, 1, 1, 1}, k1[6] = {700, 1, 300, 129, 0, 1000};
+    c = packed_base(BF16, 6, 16, 128, q1, k1);
+    c.heads_kv = 2;
+    run_packed_case("varlen decode, gqa 8", c);
+    c.packed_k = 0;
+    run_packed_case("varlen decode, gqa 8, keys with seqused_k", c);
+    const int q4[2] = {5, 40}, k4[2] = {333, 40};
+    c = packed_base(FP16, 2, 8, 64, q4, k4);
+    c.heads_kv = 2;
+    c.causal = 1;
+    run_packed_case("gqa 4, causal, hdim64", c);
     // Queries without keys (empty tiles: zeros and LSE -inf, by TMA box or, for a warpgroup with rows on
     // both sides of the sequence's start, from registers), and a window that empties whole tiles.
     const int qe[3] = {70, 5, 200}, ke[3] = {90, 0, 0};

@@ -171,8 +171,7 @@ static int check_plan(const plan_case *c) {
     CHECK(p.seqused_k == pr->seqused_k && p.cu_seqlens_q == pr->cu_seqlens_q && p.cu_seqlens_k == pr->cu_seqlens_k &&
               (!varlen_plan(p) || (p.tail_units == 0 && p.cluster == 1)),
           "%s: arrays not in the plan, or tail %lld, cluster %d", what, (long long)p.tail_units, p.cluster);
-    CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv && !pr->cu_seqlens_q),
-          "%s: pack %d", what, pack);
+    CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits) &&
               (!pr->cu_seqlens_q || p.num_splits == 1),
           "%s: %d splits", what, p.num_splits);
