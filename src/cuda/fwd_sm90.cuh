@@ -357,10 +357,6 @@ FA3C_DEVICE void zero_rows(uint8_t *tile, int from, int to, int lane) {
 #pragma unroll 1
         for (int u = first + lane; u < end; u += 32) st_shared_zero16(base + (c * UNITS + u) * 16);
 }
-template <int D, int ROWS>
-FA3C_DEVICE void zero_rows_from(uint8_t *tile, int valid, int lane) {
-    zero_rows<D, ROWS>(tile, valid, ROWS, lane);
-}
 
 // The variable-length instances' second producer warp. It walks the
 // producer's key blocks; once a V tile has landed, it zeroes the rows past
@@ -673,27 +669,24 @@ FA3C_DEVICE void store_partial(const fa3c_fwd_kernel_params &p, const FwdTile &t
     }
 }
 
-// The LSE is (batch, heads_q, seqlen_q), or with packed sequences
-// (heads_q, total_q) (fa3c.h).
-template <bool VARLEN>
 FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
                            const OutRow rows[2], int quad) {
-    if constexpr (VARLEN) {
-        if (p.cu_seqlens_q) {
-            if (p.lse && quad == 0) {
-                const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as fwd_tile.cuh
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    if (rows[r].valid) p.lse[rows[r].head * total + t.q_start + rows[r].query] = lse[r];
-            }
-            return;
-        }
-    }
     if (p.lse && quad == 0) {
 #pragma unroll
         for (int r = 0; r < 2; r++)
             if (rows[r].valid)
                 p.lse[((int64_t)t.batch * p.heads_q + rows[r].head) * p.seqlen_q + rows[r].query] = lse[r];
+    }
+}
+
+// The LSE of packed sequences (cu_seqlens_q): (heads_q, total_q), fa3c.h.
+FA3C_DEVICE void write_lse_packed(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
+                                  const OutRow rows[2], int quad) {
+    if (p.lse && quad == 0) {
+        const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as fwd_tile.cuh
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (rows[r].valid) p.lse[rows[r].head * total + t.q_start + rows[r].query] = lse[r];
     }
 }
 
@@ -799,7 +792,7 @@ FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile 
                      rows[r].head * p.out_stride[2];
         store_o_rows<D, FP16>(p, o, inv, rows, out, quad);
     }
-    write_lse<true>(p, t, lse, rows, quad);
+    write_lse_packed(p, t, lse, rows, quad);
 }
 
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
@@ -837,7 +830,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         uint32_t packed[D / 4];
         pack_output<D, FP16>(o, inv, packed);
         store_tile_tma<D>(p, packed, query0, t.group, t.batch, stage, consumer_index, ring);
-        write_lse<VARLEN>(p, t, lse, rows, quad);
+        write_lse(p, t, lse, rows, quad);
         return;
     }
     uint16_t *out[2];
@@ -846,7 +839,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         out[r] = (uint16_t *)p.out + t.batch * p.out_stride[0] + rows[r].query * p.out_stride[1] +
                  rows[r].head * p.out_stride[2];
     store_o_rows<D, FP16>(p, o, inv, rows, out, quad);
-    write_lse<VARLEN>(p, t, lse, rows, quad);
+    write_lse(p, t, lse, rows, quad);
 }
 
 // ---- consumer ------------------------------------------------------------------

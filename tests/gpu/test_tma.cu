@@ -5,7 +5,7 @@
 // the forward kernel's K/V ring runs with FA3C_FWD_CLUSTER = 2. And the two
 // pieces of the variable-length kernels' K/V path: a tile loaded as boxes of
 // a few rows from scattered pages (load_paged_kv), and v_guard's zeroing of
-// the rows past a sequence's end (zero_rows_from).
+// the rows past a sequence's end (zero_rows).
 #include "gpu_util.cuh"
 #include "../../src/cuda/ptx.cuh"
 #include "../../src/cuda/tensor_map.h"
@@ -180,7 +180,7 @@ static int wrong_ring_sums(const __nv_bfloat16 *h, const fa3c_tensor *t, const f
 // of G rows each from rows src_rows[i] of `pages` (as load_paged_kv places
 // them), tile[1] as one box from `gathered` (the same rows, in order), and
 // tile[2] from `zeroed` (those rows with rows >= valid zero). out: tile[0]
-// as loaded, tile[0] after zero_rows_from(valid) by one warp, tile[1], tile[2].
+// as loaded, tile[0] after zero_rows(valid, ROWS) by one warp, tile[1], tile[2].
 template <int D, int ROWS>
 __global__ void paged_boxes_kernel(const __grid_constant__ CUtensorMap pages, const __grid_constant__ CUtensorMap gathered,
                                    const __grid_constant__ CUtensorMap zeroed, const int *src_rows, int g, int valid,
@@ -206,7 +206,7 @@ __global__ void paged_boxes_kernel(const __grid_constant__ CUtensorMap pages, co
     mbar_wait_parity(&full, 0);
     for (int i = threadIdx.x; i < TILE; i += blockDim.x) out[i] = tile[i];
     __syncthreads();
-    if (threadIdx.x < 32) zero_rows_from<D, ROWS>(tile, valid, threadIdx.x);
+    if (threadIdx.x < 32) zero_rows<D, ROWS>(tile, valid, ROWS, threadIdx.x);
     __syncthreads();
     for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
         out[TILE + i] = tile[i];
