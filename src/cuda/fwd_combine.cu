@@ -3,12 +3,17 @@
 // With lse = log(sum_s exp(lse_s)), the exact softmax over all keys is
 // O = sum_s exp(lse_s - lse) * O_s. One warp per output row; rows whose
 // every split saw no key (all lse_s = -inf) get O = 0 and lse = -inf, as in
-// the one-pass kernel.
+// the one-pass kernel. Packed sequences (cu_seqlens_q): the partials are
+// kept per query of each sequence, as without; query i of sequence b goes
+// to token start_b + i of out, and its LSE to (head, start_b + i) of the
+// (heads_q, total_q) LSE. Rows past a sequence's queries were not written
+// by the forward kernel and are skipped.
 #include <cuda_runtime.h>
 #include <math.h>
 #include "backend.h"
 #include "fwd_combine.h"
 #include "ptx.cuh"
+#include "fwd_tile.cuh"
 
 enum { COMBINE_WARPS = 4 };
 
@@ -35,6 +40,18 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     const int query = (int)(row % p.seqlen_q), head = (int)(row / p.seqlen_q % p.heads_q);
     const int batch = (int)(row / ((int64_t)p.seqlen_q * p.heads_q));
     float *w = weights[threadIdx.x / 32];
+    // Where the row goes: (batch, query, head) of out and (batch, head, query)
+    // of lse, or for packed sequences token q_start + query of both.
+    int64_t out_offset = batch * p.out_stride[0] + query * p.out_stride[1] + head * p.out_stride[2];
+    int64_t lse_offset = row;
+    if (p.cu_seqlens_q) {
+        FwdTile seq;   // the sequence's clamped lengths and offsets, as the forward kernel has them
+        sequence_of_batch(p, batch, 1, seq);
+        if (query >= seq.seqlen_q) return;   // no such query: nothing was written for it
+        const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as write_lse_packed
+        out_offset = (seq.q_start + query) * p.out_stride[1] + head * p.out_stride[2];
+        lse_offset = head * total + seq.q_start + query;
+    }
 
     float max_lse = -INFINITY;
     for (int s = lane; s < p.num_splits; s += 32) {
@@ -51,7 +68,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     for (int s = lane; s < p.num_splits; s += 32) w[s] = lse > -INFINITY ? expf(w[s] - lse) : 0.f;   // 0: no key
     __syncwarp();
 
-    uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + query * p.out_stride[1] + head * p.out_stride[2];
+    uint16_t *out = (uint16_t *)p.out + out_offset;
     const float *o = p.o_partial + row * headdim;
     const int64_t split_stride = rows * headdim;
     for (int col = 2 * lane; col < headdim; col += 64) {
@@ -64,7 +81,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
         }
         *(uint32_t *)(out + col) = fp16 ? pack_f16x2(acc.x, acc.y) : pack_bf16x2(acc.x, acc.y);
     }
-    if (p.lse && lane == 0) p.lse[row] = lse;
+    if (p.lse && lane == 0) p.lse[lse_offset] = lse;
 }
 
 extern "C" fa3c_status fa3c_fwd_combine(const fa3c_fwd_kernel_params *p, int headdim, int fp16, void *stream) {

@@ -38,7 +38,8 @@ typedef struct fa3c_fwd_kernel_params {
     int num_tiles;                     /* num_m_blocks * batch * groups * num_splits */
     /* num_splits > 1: each split writes O / its row sum (fp32) and its LSE
      * here, (split, batch, heads_q, seqlen_q[, headdim]), and fwd_combine.cu
-     * merges them into out and lse. */
+     * merges them into out and lse. With packed sequences (cu_seqlens_q) the
+     * query index is the query within its sequence, as without. */
     float *o_partial, *lse_partial;
     int section_heads;                 /* (batch, group) pairs per L2 section of the tile order (scheduler.cuh) */
     /* The tile order's constants and divisors, computed once on the host

@@ -150,8 +150,11 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
                      : 0;   /* packed sequences: each one's tiles end at its end (scheduler.cuh) */
     long long tiles = (long long)k->num_m_blocks * pr->batch * k->groups;
     int key_blocks = (pr->seqlen_k + facts->block_n - 1) / facts->block_n;
-    /* Packed queries: no split-KV (its combine writes fixed-length rows). */
-    k->num_splits = pr->cu_seqlens_q ? 1 : num_key_splits(num_splits, tiles, key_blocks, facts->sms);
+    /* Packed queries too: the partials are kept per (batch, head, query of
+     * the sequence), and the combine writes each sequence's queries where
+     * cu_seqlens_q puts them (fwd_combine.cu). A sequence with fewer key
+     * blocks than the longest gets empty splits, which write lse = -inf. */
+    k->num_splits = num_key_splits(num_splits, tiles, key_blocks, facts->sms);
     k->blocks_per_split = (key_blocks + k->num_splits - 1) / k->num_splits;
     k->num_splits = (key_blocks + k->blocks_per_split - 1) / k->blocks_per_split;   /* no split without keys */
     if (tiles * k->num_splits > INT32_MAX)

@@ -935,6 +935,7 @@ typedef struct {
     int packed_k;        // 0: keys (batch, seqlen_k) with seqused_k = lens_k
     int causal, window_left, window_right;
     float softcap;
+    int num_splits;      // 0: auto (packed_base)
 } packed_case;
 
 static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
@@ -965,8 +966,8 @@ static void run_packed_case(const char *label, packed_case c) {
         max_k = c.lens_k[b] > max_k ? c.lens_k[b] : max_k;
     }
     const int64_t TQ = cu_q[B], k_rows = c.packed_k ? cu_k[B] : (int64_t)B * max_k;
-    printf("[%s] %s b=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g keys %s, lengths", label,
-           tu_dtype_name(c.dtype), B, HQ, HK, D, c.causal, c.window_left, c.window_right, c.softcap,
+    printf("[%s] %s b=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g splits=%d keys %s, lengths", label,
+           tu_dtype_name(c.dtype), B, HQ, HK, D, c.causal, c.window_left, c.window_right, c.softcap, c.num_splits,
            c.packed_k ? "packed" : "(batch, seqlen_k) with seqused_k");
     for (int b = 0; b < B; b++) printf(" %d/%d", c.lens_q[b], c.lens_k[b]);
     printf("\n");
@@ -984,6 +985,7 @@ static void run_packed_case(const char *label, packed_case c) {
     p.problem.window_right = c.window_right;
     p.problem.softcap = c.softcap;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
+    p.num_splits = c.num_splits;
     p.problem.cu_seqlens_q = cu_q;
     int32_t used[6];
     for (int b = 0; b < B; b++) used[b] = c.lens_k[b];
@@ -1133,6 +1135,51 @@ TEST(fwd_packed_sequences) {
     run_packed_case("window (50, 0), sq > sk: empty tiles", c);
 }
 
+// Split-KV with packed queries (vLLM's decode and mixed batches): each
+// split's partials per query of a sequence, merged by fwd_combine.cu into
+// the sequence's tokens; sequences with fewer key blocks than the longest
+// get empty splits (lse -inf), sequences without queries nothing. The
+// cases above run with num_splits 0 (auto), which splits the decode ones.
+TEST(fwd_packed_sequences_split_kv) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int q1[6] = {1, 1, 1, 1, 1, 1}, k1[6] = {700, 1, 300, 129, 0, 1000};
+    packed_case c = packed_base(BF16, 6, 16, 128, q1, k1);
+    c.heads_kv = 2;
+    c.num_splits = 5;
+    run_packed_case("varlen decode, gqa 8, 5 splits", c);
+    c.packed_k = 0;
+    run_packed_case("varlen decode, gqa 8, keys with seqused_k, 5 splits", c);
+    const int q64[3] = {500, 77, 200}, k64[3] = {520, 77, 193};
+    c = packed_base(BF16, 3, 2, 64, q64, k64);
+    c.causal = 1;
+    c.num_splits = 3;
+    run_packed_case("hdim64 causal, 3 splits", c);
+    const int q256[3] = {81, 0, 300}, k256[3] = {400, 50, 300};
+    c = packed_base(BF16, 3, 2, 256, q256, k256);
+    c.window_left = 100;
+    c.window_right = 0;
+    c.num_splits = 4;
+    run_packed_case("hdim256 window, a sequence without queries, 4 splits", c);
+    const int q96[2] = {33, 130}, k96[2] = {200, 50};
+    c = packed_base(FP16, 2, 2, 96, q96, k96);
+    c.softcap = 20.f;
+    c.num_splits = 2;
+    run_packed_case("fp16 hdim96 cross, softcap, 2 splits", c);
+    const int qd[3] = {5, 40, 1}, kd[3] = {300, 1, 777};
+    c = packed_base(BF16, 3, 8, 192, qd, kd);
+    c.heads_kv = 1;
+    c.packed_k = 0;
+    c.causal = 1;
+    c.num_splits = 64;   // more than key blocks: one split per block
+    run_packed_case("mqa hdim192 causal, keys with seqused_k, 64 splits asked", c);
+    const int qm[4] = {1, 1, 37, 1}, km[4] = {2000, 3000, 37, 1};   // mixed: decode and a short prefill
+    c = packed_base(BF16, 4, 8, 128, qm, km);
+    c.heads_kv = 2;
+    c.causal = 1;
+    run_packed_case("mixed decode and prefill, gqa 4, auto splits", c);
+}
+
 // Small enough for compute-sanitizer (tools/gpu_check.sh).
 TEST(fwd_packed_sequences_small) {
     REQUIRE_SM90();
@@ -1141,6 +1188,8 @@ TEST(fwd_packed_sequences_small) {
     packed_case c = packed_base(BF16, 3, 2, 128, q, k);
     c.causal = 1;
     run_packed_case("small packed hdim128", c);
+    c.num_splits = 2;
+    run_packed_case("small packed hdim128, 2 splits", c);
 }
 
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.

@@ -150,7 +150,8 @@ static int masked_block_in(int begin, int end, int lo, int hi, int block_n, int 
 }
 
 // Checks one plan; returns 0 (after CHECK failures) when something is wrong.
-static int check_plan(const plan_case *c) {
+// Counts plans of packed queries with split-KV in *packed_splits, if given.
+static int check_plan(const plan_case *c, int *packed_splits = NULL) {
     const fa3c_problem problem = problem_of(c);
     const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
@@ -172,9 +173,9 @@ static int check_plan(const plan_case *c) {
               (!varlen_plan(p) || (p.tail_units == 0 && p.cluster == 1)),
           "%s: arrays not in the plan, or tail %lld, cluster %d", what, (long long)p.tail_units, p.cluster);
     CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
-    CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits) &&
-              (!pr->cu_seqlens_q || p.num_splits == 1),
-          "%s: %d splits", what, p.num_splits);
+    CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
+          p.num_splits);
+    if (packed_splits && pr->cu_seqlens_q && p.num_splits > 1) ++*packed_splits;
     // Under a right bound (causal) without packing, the partial row block's
     // whole idle warpgroups are at the top (fewest keys); otherwise at the
     // bottom. (Packed queries: each sequence's tiles end at its end instead.)
@@ -258,8 +259,11 @@ static int check_plan(const plan_case *c) {
     const int key_blocks = (pr->seqlen_k + c->block_n - 1) / c->block_n;
     const int row_blocks = p.batch * p.groups * p.num_m_blocks;
     int *covered = (int *)calloc((size_t)row_blocks * key_blocks, sizeof(int));
-    // Packed queries: how often each row of each (batch, group) is in a tile (once).
-    int *row_seen = (int *)calloc((size_t)row_blocks * c->block_m, sizeof(int));
+    // Packed queries: how often each row of each (batch, group) is in a tile
+    // of each split (once: with split-KV, the combine reads a partial of
+    // every split for every row of a sequence, fwd_combine.cu).
+    const size_t rows_per_split = (size_t)row_blocks * c->block_m;
+    int *row_seen = (int *)calloc(rows_per_split * p.num_splits, sizeof(int));
     for (int tile = 0; tile < p.num_tiles && ok; tile++) {
         FwdTile t = tile_of(p, tile, c);
         const int rows = rows_of(p, t), key0 = key0_of(p, t);
@@ -291,7 +295,8 @@ static int check_plan(const plan_case *c) {
         for (int n = t.n_begin; n < t.n_end; n++) covered[(size_t)rb * key_blocks + n]++;
         if (pr->cu_seqlens_q)
             for (int row = max(t.m0, 0); row < min(t.m0 + c->block_m, rows); row++)
-                row_seen[(size_t)(t.batch * p.groups + t.group) * p.num_m_blocks * c->block_m + row]++;
+                row_seen[t.split * rows_per_split + (size_t)(t.batch * p.groups + t.group) * p.num_m_blocks * c->block_m +
+                         row]++;
         int full_begin, full_end;
         blocks_of_rows(p, t, t.m0, c->block_m, c->block_n, full_begin, full_end);
         int last = last_row_of(p, t, t.m0, c->block_m);
@@ -351,11 +356,13 @@ static int check_plan(const plan_case *c) {
     free(covered);
     for (int bg = 0; bg < p.batch * p.groups && ok && pr->cu_seqlens_q; bg++) {
         const int rows = fa3c_seqlen_q_of(pr, bg / p.groups) * p.pack;
-        for (int row = 0; row < p.num_m_blocks * c->block_m && ok; row++) {
-            const int seen = row_seen[(size_t)bg * p.num_m_blocks * c->block_m + row];
-            ok = seen == (row < rows);
-            CHECK(ok, "%s: (batch, group) %d row %d of %d in %d tiles", what, bg, row, rows, seen);
-        }
+        for (int split = 0; split < p.num_splits && ok; split++)
+            for (int row = 0; row < p.num_m_blocks * c->block_m && ok; row++) {
+                const int seen = row_seen[split * rows_per_split + (size_t)bg * p.num_m_blocks * c->block_m + row];
+                ok = seen == (row < rows);
+                CHECK(ok, "%s: (batch, group) %d row %d of %d in %d tiles of split %d", what, bg, row, rows, seen,
+                      split);
+            }
     }
     free(row_seen);
     return ok;
@@ -477,10 +484,13 @@ TEST(scheduler_paged_kv_plan) {
 }
 
 TEST(scheduler_random_plans) {
+    int packed_splits = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
-        if (!check_plan(&c)) return;
+        if (!check_plan(&c, &packed_splits)) return;
     }
+    printf("    %d plans of packed queries with split-KV\n", packed_splits);
+    CHECK(packed_splits >= 50, "only %d plans of packed queries with split-KV", packed_splits);
 }
 
 // Walks a cluster plan as `clusters` clusters would (the plan's grid, or
