@@ -227,11 +227,14 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
                           "CUDA forward: seqused_k, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
                           "this build lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified "
                           "on a GPU)", dtype_name(pr->dtype), pr->headdim);
-    /* Paged: boxes of gcd(block_n, page_size) rows, whole swizzle atoms. */
-    if (pr->page_table && fa3c_fwd_plan_page_rows(pr, find_fwd(pr)->block_n) % 8 != 0)
+    /* Paged: boxes of gcd(block_n, page_size) rows, each starting on a
+     * 128-byte boundary of smem as TMA requires: any page size with rows of
+     * 128 bytes per chunk, an even one with hdim 96's 64-byte rows. */
+    if (pr->page_table &&
+        fa3c_fwd_plan_page_rows(pr, find_fwd(pr)->block_n) * FA3C_FWD_CHUNK_COLS(pr->headdim) * 2 % 128 != 0)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: a paged KV cache needs page_size to be a multiple of 8 (got %d)",
-                          pr->page_size);
+                          "CUDA forward: a paged KV cache with headdim %d needs an even page_size (got %d)",
+                          pr->headdim, pr->page_size);
     /* Q: per sequence, or packed (one batch of tokens, at most batch x seqlen_q of them);
      * K and V: per sequence (batch, seqlen_k), pages (num_pages, page_size) or packed. */
     int q_outer, q_rows, kv_outer, kv_rows;

@@ -94,7 +94,7 @@ typedef struct fa3c_fwd_kernel_params {
      * key j of sequence b is row j % page_size of page
      * page_table[b * page_table_stride + j / page_size], and k_map / v_map
      * are (headdim, page_size, heads_kv, num_pages) with boxes of page_rows =
-     * gcd(BLOCK_N, page_size) rows (a multiple of 8), each inside one page
+     * gcd(BLOCK_N, page_size) rows (down to 1), each inside one page
      * (fwd_sm90.cuh, load_paged_kv). */
     const int *page_table;
     int64_t page_table_stride;

@@ -127,7 +127,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;
     /* Paged KV: boxes of gcd(block_n, page_size) rows (fwd_params.h); the
-     * caller checks that this is a multiple of 8 (fa3c_fwd_plan_page_rows). */
+     * caller checks that they start on 128-byte boundaries (fa3c_fwd_plan_page_rows). */
     k->page_table = pr->page_table;
     k->page_table_stride = pr->page_table ? pr->page_table_stride : 0;
     k->page_rows = pr->page_table ? fa3c_fwd_plan_page_rows(pr, facts->block_n) : 0;

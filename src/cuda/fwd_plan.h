@@ -26,8 +26,9 @@ typedef struct fa3c_fwd_plan_facts {
 } fa3c_fwd_plan_facts;
 
 /* Paged KV: the rows of each K/V box, gcd(block_n, page_size): a box must
- * lie inside one page, and the kernel needs a multiple of 8 (whole swizzle
- * atoms), i.e. page_size % 8 == 0. */
+ * lie inside one page, and start on a 128-byte boundary of the slot (TMA),
+ * which the caller checks (backend.c: any page size for 128-byte rows, an
+ * even one for hdim 96's 64-byte rows). */
 int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n);
 
 /* The GQA pack the plan would use: heads_q / heads_kv when packing the

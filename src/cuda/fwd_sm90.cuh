@@ -214,9 +214,13 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
 
 // Paged KV (p.page_table; variable-length instances): key block n of tile
 // t's sequence from its pages, as boxes of p.page_rows rows, each inside one
-// page (page_rows divides both BLOCK_N and page_size, and is a multiple of
-// 8, so every box starts on a swizzle atom and the tile's layout is that of
-// one box). The boxes wholly past the sequence's last key are not loaded:
+// page (page_rows divides both BLOCK_N and page_size). Each box starts on a
+// 128-byte boundary of the slot (backend.c). Where a box starts inside an
+// 8-row swizzle atom (pages of fewer than 8 keys, or of 12, 20, ...) this
+// relies on TMA swizzling by the smem address, as the wgmma descriptors'
+// base offset suggests: the step test tma_paged_boxes_and_zeroed_rows
+// checks that boxes of 1 to 56 rows give the layout of one box (not yet run
+// on a GPU). Many small boxes are slower. The boxes wholly past the sequence's last key are not loaded:
 // their page table entries need not be valid, their K rows are masked and
 // their V rows zeroed (v_guard). Arrives on `bar` expecting the bytes loaded.
 template <int D, int BLOCK_N>

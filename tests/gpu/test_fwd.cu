@@ -911,6 +911,15 @@ TEST(fwd_paged_kv) {
     run_case("hdim128 causal, pages of 24", paged_case(causal_case(FP16, 2, 100, 333, 2, 128), 24));
     run_case("hdim256, pages of 40", paged_case(used_case(base_case(BF16, 2, 64, 400, 2, 256), 399, 121, 0, 0), 40));
     run_case("hdim192, pages of 56", paged_case(used_case(causal_case(BF16, 2, 64, 400, 2, 192), 400, 57, 0, 0), 56));
+    // Boxes that start inside a swizzle atom: pages of 1 (SGLang's default), 3, 12 and 17 keys (boxes of
+    // 1 or 4 rows), and hdim 96's 64-byte rows with even pages (boxes of 2).
+    c = used_case(base_case(BF16, 3, 1, 700, 16, 128), 700, 313, 1, 0);
+    c.heads_kv = 2;
+    run_case("decode gqa 8, pages of 1", paged_case(c, 1));
+    run_case("hdim64 causal, pages of 3", paged_case(used_case(causal_case(BF16, 2, 90, 400, 2, 64), 400, 131, 0, 0), 3));
+    run_case("hdim256, pages of 12", paged_case(used_case(base_case(FP16, 2, 64, 300, 2, 256), 299, 13, 0, 0), 12));
+    run_case("hdim192 causal, pages of 17", paged_case(used_case(causal_case(BF16, 2, 50, 300, 2, 192), 300, 18, 0, 0), 17));
+    run_case("hdim96, pages of 6", paged_case(used_case(base_case(BF16, 2, 33, 250, 2, 96), 250, 7, 0, 0), 6));
 }
 
 // Small enough for compute-sanitizer (tools/gpu_check.sh).
@@ -1242,14 +1251,18 @@ TEST(fwd_not_supported_is_reported) {
     expect_not_supported("fp32", x, "fp32");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
-    const int32_t host_arrays[10] = {0, S, 0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t host_arrays[16] = {0, S};   // the rest: page 0
     CUDA_OK(cudaMalloc((void **)&arrays, sizeof host_arrays));
     CUDA_OK(cudaMemcpy(arrays, host_arrays, sizeof host_arrays, cudaMemcpyHostToDevice));
-    fa3c_fwd_params paged = p;   // pages of 12 keys (gcd with any key block: 4, not whole swizzle atoms)
+    fa3c_fwd_params paged = p;   // pages of 8 keys
     paged.problem.page_table = arrays + 2;
-    paged.problem.page_table_stride = 6;
-    paged.problem.page_size = 12;
+    paged.problem.page_table_stride = 8;
+    paged.problem.page_size = 8;
     paged.problem.num_pages = 1;
+    fa3c_fwd_params paged96 = paged;   // hdim 96 (64-byte rows), pages of 5: 1-row boxes off 128-byte boundaries
+    paged96.problem.headdim = 96;
+    paged96.problem.page_table_stride = 13;
+    paged96.problem.page_size = 5;
     x = p;
     x.problem.seqused_k = arrays + 1;   // {64}
     if (fa3c_cuda_fwd_block_n(&x.problem) == 0) {   // a build without the variable-length kernels
@@ -1258,9 +1271,9 @@ TEST(fwd_not_supported_is_reported) {
         x = p;
         x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
         expect_not_supported("cu_seqlens without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
-    } else {
-        expect_not_supported("page size 12", paged, "multiple of 8");
     }
+    if (fa3c_cuda_fwd_block_n(&paged96.problem) != 0)   // a build with hdim 96's variable-length kernel
+        expect_not_supported("hdim 96, page size 5", paged96, "even page_size");
     cudaFree(arrays);
     cudaFree(buf);
 }

@@ -460,7 +460,8 @@ TEST(scheduler_paged_kv_plan) {
     fa3c_problem pr;
     memset(&pr, 0, sizeof pr);
     const int cases[][3] = {{128, 16, 16}, {128, 256, 128}, {128, 128, 128}, {80, 64, 16},
-                            {112, 32, 16}, {128, 12, 4},    {128, 8, 8},     {80, 48, 16}};
+                            {112, 32, 16}, {128, 12, 4},    {128, 8, 8},     {80, 48, 16},
+                            {128, 1, 1},   {80, 12, 4},     {112, 17, 1},    {128, 6, 2}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pr.page_size = cases[i][1];
         CHECK(fa3c_fwd_plan_page_rows(&pr, cases[i][0]) == cases[i][2], "block %d, pages of %d: boxes of %d (want %d)",

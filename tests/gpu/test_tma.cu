@@ -277,6 +277,17 @@ TEST(tma_paged_boxes_and_zeroed_rows) {
     run_paged_boxes<256, 80>(40, 33);    // hdim 256's 80-key blocks
     run_paged_boxes<256, 80>(16, 79);
     run_paged_boxes<192, 112>(56, 57);   // hdim 192's 112-key blocks
+    // Boxes that start inside an 8-row swizzle atom (pages of 1, 2, 4, 5, 7, 10, 14 keys, or of any
+    // size with such a gcd with the key block): the layout must still be that of one box.
+    run_paged_boxes<128, 128>(1, 100);
+    run_paged_boxes<64, 128>(2, 128);
+    run_paged_boxes<128, 128>(4, 37);
+    run_paged_boxes<256, 80>(5, 80);
+    run_paged_boxes<256, 80>(10, 3);
+    run_paged_boxes<192, 112>(7, 112);
+    run_paged_boxes<192, 112>(14, 50);
+    run_paged_boxes<96, 128>(2, 77);     // 64-byte rows: two rows per 128-byte boundary
+    run_paged_boxes<96, 128>(4, 128);
 }
 
 TEST(tma_roundtrip_swizzle_and_zero_fill) {
