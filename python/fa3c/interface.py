@@ -174,19 +174,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             pack_gqa=None, sm_margin=0, return_softmax_lse=False):
     """Decoding against a KV cache: k_cache, v_cache are (batch, seqlen_cache, heads_kv,
     headdim), or (num_pages, page_size, heads_kv, headdim) with page_table (batch,
-    max_pages) int32. cache_seqlens (int or (batch,) int32) is the filled length. If k, v
-    (batch, seqlen_new, heads_kv, headdim) are given they are first written into the cache
-    at cache_seqlens, in place. No backward. Returns out, or (out, softmax_lse)."""
+    max_pages) int32. cache_seqlens (int or (batch,) int32) is the filled length. q is
+    (batch, seqlen_q, heads, headdim), or with cu_seqlens_q ((batch + 1,) int32 prefix
+    sums) the sequences' queries packed, (total_q, heads, headdim), as SGLang calls it;
+    each sequence's queries are the last ones of its cache_seqlens keys (causal masks are
+    bottom-right aligned per sequence). If k, v (batch, seqlen_new, heads_kv, headdim) are
+    given they are first written into the cache at cache_seqlens, in place;
+    cu_seqlens_k_new (packed new keys) is not supported, and is ignored without k, v, as
+    in FA3. No backward. Returns out, or (out, softmax_lse): (batch, heads, seqlen_q), or
+    (heads, total_q) with cu_seqlens_q."""
     _common_unsupported(qv, attention_chunk, sm_margin)
     _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
                  cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                 cu_seqlens_q=(cu_seqlens_q, None), cu_seqlens_k_new=(cu_seqlens_k_new, None),
                  rotary_seqlens=(rotary_seqlens, None),
                  scheduler_metadata=(scheduler_metadata, None))
     if (k is None) != (v is None):
         raise _core.bad("give both k and v to append to the cache, or neither")
+    if k is not None and cu_seqlens_k_new is not None:
+        raise NotImplementedError("fa3c: appending packed new keys (cu_seqlens_k_new) is not "
+                                  "supported; give k, v as (batch, seqlen_new, heads_kv, headdim)")
     torch_path = _is_torch(q)
-    batch = q.shape[0]
+    batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     if cache_seqlens is not None:
         if isinstance(cache_seqlens, int):
             cache_seqlens = [cache_seqlens] * batch
@@ -203,6 +211,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
+    if cu_seqlens_q is not None:
+        kw.update(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
     if k is not None:
         # The C API writes nothing on error; keep that promise for the cache too: check
         # the whole call (as the backend it will run on) before appending in place.

@@ -194,6 +194,38 @@ def test_kvcache_append_and_paged(rng):
         assert_accurate(out[i:i + 1], want, want, 1e-5, "paged seq %d" % i)
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_kvcache_packed_queries_paged(rng, page_size):
+    # SGLang's call: queries packed with cu_seqlens_q (a sequence may have none), keys in a
+    # paged cache filled to cache_seqlens, each sequence's queries the last of its keys.
+    b, hq, hkv, d, pages_per_seq = 3, 4, 2, 32, 12
+    lens_q, lens = [3, 1, 0], np.array([10, 7, 5], dtype=np.int32)
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    npages = b * pages_per_seq
+    kp, vp = randn(rng, (npages, page_size, hkv, d), np.float32), randn(rng, (npages, page_size, hkv, d), np.float32)
+    page_table = rng.permutation(npages).astype(np.int32).reshape(b, pages_per_seq)
+    q = randn(rng, (cu_q[-1], hq, d), np.float32)
+    knew, vnew = randn(rng, (b, 2, hkv, d), np.float32), randn(rng, (b, 2, hkv, d), np.float32)
+    for append in (False, True):
+        kw = dict(k=knew, v=vnew) if append else {}
+        out, lse = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=page_table,
+                                                cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
+                                                return_softmax_lse=True, **kw)
+        assert out.shape == q.shape and lse.shape == (hq, cu_q[-1])
+        used = lens + (2 if append else 0)
+        for i in range(b):
+            kseq = np.concatenate([kp[p] for p in page_table[i]])[:used[i]]
+            vseq = np.concatenate([vp[p] for p in page_table[i]])[:used[i]]
+            qi = q[None, cu_q[i]:cu_q[i + 1]]
+            want, want_lse = ref.fwd(qi, kseq[None], vseq[None], None, True)
+            what = "page size %d, append %s, seq %d" % (page_size, append, i)
+            assert_accurate(out[cu_q[i]:cu_q[i + 1]], want[0], want[0], 1e-5, what)
+            assert_lse(lse[:, cu_q[i]:cu_q[i + 1]], want_lse[0], what + " lse")
+    with pytest.raises(NotImplementedError, match="cu_seqlens_k_new"):
+        fa3c.flash_attn_with_kvcache(q, kp, vp, k=knew, v=vnew, cache_seqlens=lens, page_table=page_table,
+                                     cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q)
+
+
 def test_kvcache_append_writes_nothing_on_error(rng):
     # The C API's promise (nothing written on error) holds for the in-place append too.
     b, hq, hkv, d, cap = 2, 2, 1, 16, 8

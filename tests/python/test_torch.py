@@ -353,6 +353,43 @@ def test_gpu_varlen():
 
 
 @gpu
+@pytest.mark.parametrize("page_size,num_splits", [(16, 1), (1, 0), (64, 4)])
+def test_gpu_kvcache_packed_queries_paged(page_size, num_splits):
+    # The serving call (SGLang: pages of 1; vLLM: 16): packed queries, a shuffled paged cache
+    # filled to cache_seqlens, GQA 4, causal per sequence, split-KV auto or asked.
+    torch.manual_seed(12 + page_size)
+    b, hq, hkv, d, pages_per_seq = 4, 16, 4, 128, 1024 // page_size
+    lens_q, lens = [1, 5, 1, 37], [700, 1, 1024, 300]
+    cu_q = torch.tensor([sum(lens_q[:i]) for i in range(b + 1)], dtype=torch.int32, device="cuda")
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    npages = b * pages_per_seq
+    kp = torch.randn(npages, page_size, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    page_table = torch.randperm(npages, device="cuda").to(torch.int32).view(b, pages_per_seq)
+    q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=torch.bfloat16)
+    try:
+        out, lse = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=cache_seqlens, page_table=page_table,
+                                                cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
+                                                num_splits=num_splits, return_softmax_lse=True)
+    except fa3c.Fa3cError as e:
+        if e.status == fa3c.STATUS_NOT_SUPPORTED:
+            pytest.skip("CUDA backend without the variable-length kernels: %s" % e)
+        raise
+    assert out.shape == q.shape and lse.shape == (hq, sum(lens_q))
+    for i in range(b):
+        a, e_ = cu_q[i].item(), cu_q[i + 1].item()
+        kseq = kp[page_table[i].long()].reshape(-1, hkv, d)[:lens[i]][None]
+        vseq = vp[page_table[i].long()].reshape(-1, hkv, d)[:lens[i]][None]
+        want, want_lse = attention_ref(q[None, a:e_], kseq, vseq, causal=True)
+        naive, _ = attention_ref(q[None, a:e_], kseq, vseq, causal=True, upcast=False)
+        what = "pages of %d, %d splits, seq %d" % (page_size, num_splits, i)
+        check(out[a:e_], want[0], naive[0], 1e-3, what)
+        got_lse, fin = lse[:, a:e_].double(), torch.isfinite(want_lse[0])   # sequence 1: queries without keys
+        assert torch.equal(torch.isfinite(got_lse), fin), what + ": -inf rows of lse differ"
+        assert (got_lse[fin] - want_lse[0][fin]).abs().max().item() < 1e-3, what + ": lse"
+
+
+@gpu
 def test_gpu_fp8_forward():
     torch.manual_seed(11)
     b, s, h, d = 2, 512, 4, 128
