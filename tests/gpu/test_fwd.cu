@@ -945,6 +945,7 @@ typedef struct {
     int causal, window_left, window_right;
     float softcap;
     int num_splits;      // 0: auto (packed_base)
+    int fixed_q;         // 1: q and out (batch, lens_q[0], ...) without cu_seqlens_q (every lens_q equal)
 } packed_case;
 
 static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
@@ -974,9 +975,15 @@ static void run_packed_case(const char *label, packed_case c) {
         max_q = c.lens_q[b] > max_q ? c.lens_q[b] : max_q;
         max_k = c.lens_k[b] > max_k ? c.lens_k[b] : max_k;
     }
+    for (int b = 0; b < B && c.fixed_q; b++)
+        if (c.lens_q[b] != max_q) {
+            CHECK(0, "%s: queries (batch, seqlen_q) need every lens_q equal", label);
+            return;
+        }
     const int64_t TQ = cu_q[B], k_rows = c.packed_k ? cu_k[B] : (int64_t)B * max_k;
-    printf("[%s] %s b=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g splits=%d keys %s, lengths", label,
-           tu_dtype_name(c.dtype), B, HQ, HK, D, c.causal, c.window_left, c.window_right, c.softcap, c.num_splits,
+    printf("[%s] %s b=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g splits=%d queries %s, keys %s, lengths",
+           label, tu_dtype_name(c.dtype), B, HQ, HK, D, c.causal, c.window_left, c.window_right, c.softcap,
+           c.num_splits, c.fixed_q ? "(batch, seqlen_q)" : "packed",
            c.packed_k ? "packed" : "(batch, seqlen_k) with seqused_k");
     for (int b = 0; b < B; b++) printf(" %d/%d", c.lens_q[b], c.lens_k[b]);
     printf("\n");
@@ -995,7 +1002,7 @@ static void run_packed_case(const char *label, packed_case c) {
     p.problem.softcap = c.softcap;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
     p.num_splits = c.num_splits;
-    p.problem.cu_seqlens_q = cu_q;
+    if (!c.fixed_q) p.problem.cu_seqlens_q = cu_q;
     int32_t used[6];
     for (int b = 0; b < B; b++) used[b] = c.lens_k[b];
     if (c.packed_k) p.problem.cu_seqlens_k = cu_k;
@@ -1005,7 +1012,8 @@ static void run_packed_case(const char *label, packed_case c) {
     tu_fill_normal(hq, c.dtype, nq, 1.f);
     tu_fill_normal(hk, c.dtype, nk, 1.f);
     tu_fill_normal(hv, c.dtype, nk, 1.f);
-    const int64_t q_st[4] = {0, HQ * D, D, 1}, k_st[4] = {c.packed_k ? 0 : max_k * HK * D, HK * D, D, 1};
+    const int64_t q_st[4] = {c.fixed_q ? max_q * HQ * D : 0, HQ * D, D, 1},
+                  k_st[4] = {c.packed_k ? 0 : max_k * HK * D, HK * D, D, 1};
     memcpy(p.q.stride, q_st, sizeof q_st);
     memcpy(p.out.stride, q_st, sizeof q_st);
     memcpy(p.k.stride, k_st, sizeof k_st);
@@ -1057,7 +1065,7 @@ static void run_packed_case(const char *label, packed_case c) {
         g.v.data = dv;
         g.out.data = dout;
         g.lse = dlse;
-        g.problem.cu_seqlens_q = dcu_q;
+        if (!c.fixed_q) g.problem.cu_seqlens_q = dcu_q;
         if (c.packed_k) g.problem.cu_seqlens_k = dcu_k;
         else g.problem.seqused_k = dused;
         g.backend = FA3C_BACKEND_CUDA;
@@ -1199,6 +1207,30 @@ TEST(fwd_packed_sequences_small) {
     run_packed_case("small packed hdim128", c);
     c.num_splits = 2;
     run_packed_case("small packed hdim128, 2 splits", c);
+}
+
+// Packed keys (cu_seqlens_k) with queries per sequence, (batch, seqlen_q): the
+// keys' end-aligned blocks without the queries' (the scheduler test's plans
+// cover it on the CPU; this is its GPU run).
+TEST(fwd_packed_keys_only) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int q[4] = {77, 77, 77, 77}, k[4] = {300, 1, 0, 129};
+    packed_case c = packed_base(BF16, 4, 2, 128, q, k);
+    c.fixed_q = 1;
+    c.causal = 1;
+    run_packed_case("hdim128 causal", c);
+    const int q1[4] = {1, 1, 1, 1}, k1[4] = {700, 1, 300, 1000};
+    c = packed_base(FP16, 4, 16, 64, q1, k1);
+    c.heads_kv = 2;
+    c.fixed_q = 1;
+    run_packed_case("decode hdim64 gqa 8, auto splits", c);
+    const int q2[2] = {100, 100}, k2[2] = {81, 400};
+    c = packed_base(BF16, 2, 2, 256, q2, k2);
+    c.fixed_q = 1;
+    c.window_left = 60;
+    c.window_right = 10;
+    run_packed_case("hdim256 window (60, 10)", c);
 }
 
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.
