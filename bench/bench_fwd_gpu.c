@@ -2,7 +2,7 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode] [--seqused] [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode [--page-size P]] [--seqused] [--csv FILE]
  * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too);
  * --seqlen (repeatable) replaces the grid's sequence lengths (batch = 16384 / S, rounded down).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
@@ -10,7 +10,10 @@
  * seqlen column is seqlen_k, and the last column is GB/s of q, k, v and out, not TFLOPS.
  * --seqused: every call passes seqused_k = seqlen_k for each sequence (the same work), so that
  * the variable-length kernels (built with FA3C_CUDA_VARLEN=ON) run: their cost against a run
- * without it. */
+ * without it.
+ * --page-size P (with --decode): the same K and V read as a paged cache of P-key pages in a
+ * shuffled page table (seqused_k = seqlen_k; the variable-length kernels): the cost of pages,
+ * small ones (1, 16) in particular, against the contiguous cache. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -111,8 +114,36 @@ static void fill_device_random(void *dst, size_t bytes, uint64_t seed) {
     free(h);
 }
 
+/* --page-size: K and V of `batch` sequences of seqlen_k keys as pages of
+ * page_size keys (the dense buffer cut into pages), listed in a shuffled
+ * page table in device memory; NULL on a size that does not divide. */
+static int32_t *paged_table(fa3c_fwd_params *p, void *k, void *v, int page_size) {
+    const int b = p->problem.batch, sk = p->problem.seqlen_k, hkv = p->problem.heads_kv, d = p->problem.headdim;
+    if (sk % page_size != 0) return NULL;
+    const int per_seq = sk / page_size, pages = b * per_seq;
+    int32_t *h = (int32_t *)malloc((size_t)pages * sizeof(int32_t)), *dt = NULL;
+    for (int i = 0; i < pages; i++) h[i] = i;
+    uint64_t s = 99;
+    for (int i = pages - 1; i > 0; i--) {   /* Fisher-Yates: pages scattered over the cache */
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1)), t = h[i];
+        h[i] = h[j];
+        h[j] = t;
+    }
+    CUDA_TRY(cudaMalloc((void **)&dt, (size_t)pages * sizeof(int32_t)));
+    CUDA_TRY(cudaMemcpy(dt, h, (size_t)pages * sizeof(int32_t), cudaMemcpyHostToDevice));
+    free(h);
+    set_dense(&p->k, k, page_size, hkv, d);   /* (pages, page_size, heads_kv, d) */
+    set_dense(&p->v, v, page_size, hkv, d);
+    p->problem.page_table = dt;
+    p->problem.page_table_stride = per_seq;
+    p->problem.page_size = page_size;
+    p->problem.num_pages = pages;
+    return dt;
+}
+
 /* bench.py's decode shapes: one query per sequence, GQA, long key sequences. */
-static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
+static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_size) {
     static const int shapes[][5] = {/* hdim, batch, seqlen_k, heads_q, heads_kv */
                                     {64, 16, 16384, 16, 2},  {128, 32, 4096, 32, 32},  {128, 8, 8192, 32, 8},
                                     {128, 8, 32768, 32, 8},  {128, 1, 131072, 64, 8}, {256, 4, 16384, 32, 4}};
@@ -145,9 +176,11 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
         p.lse = lse;
         p.backend = FA3C_BACKEND_CUDA;
         set_seqused(&p);
-        fa3c_status st = fa3c_fwd(&p, NULL);
+        int32_t *table = page_size ? paged_table(&p, k, v, page_size) : NULL;
+        fa3c_status st = page_size && !table ? FA3C_STATUS_INVALID_ARGUMENT : fa3c_fwd(&p, NULL);
         if (st != FA3C_STATUS_OK) {
-            printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, 0, sk, b, hq, fa3c_last_error());
+            printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, 0, sk, b, hq,
+                   table || !page_size ? fa3c_last_error() : "page size does not divide seqlen_k");
         } else {
             double ms = time_call(&p, e0, e1);
             double gbs = (2.0 * q_bytes + 2.0 * kv_bytes) / (ms * 1e-3) / 1e9;
@@ -159,11 +192,12 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1) {
         cudaFree(v);
         cudaFree(o);
         cudaFree(lse);
+        if (table) cudaFree(table);
     }
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, decode = 0, seqused = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
+    int quick = 0, decode = 0, seqused = 0, page_size = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -173,13 +207,20 @@ int main(int argc, char **argv) {
             own_seqlens[nown++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--seqused")) seqused = 1;
+        else if (!strcmp(argv[i], "--page-size") && i + 1 < argc && atoi(argv[i + 1]) >= 1)
+            page_size = atoi(argv[++i]), seqused = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode] [--seqused] [--csv FILE]\n",
+                    "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]] [--seqused] "
+                    "[--csv FILE]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (page_size && !decode) {
+        fprintf(stderr, "--page-size goes with --decode\n");
+        return 2;
     }
     if (!fa3c_cuda_available()) {
         printf("SKIPPED: no usable sm_90 GPU (fa3c_cuda_available() == 0)\n");
@@ -192,8 +233,9 @@ int main(int argc, char **argv) {
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
     if (decode) {
+        if (page_size) printf("paged KV cache: pages of %d keys, shuffled\n", page_size);
         printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "GB/s");
-        bench_decode(out, e0, e1);
+        bench_decode(out, e0, e1, page_size);
         if (out) fclose(out);
         return 0;
     }

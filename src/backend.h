@@ -43,6 +43,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr);
 /* CTAs per cluster of the last forward kernel launched by this process (1
  * or 2, FA3C_FWD_CLUSTER); 0 before any (for tests that clusters ran). */
 int fa3c_cuda_fwd_last_cluster(void);
+/* Key splits (split-KV) of the last forward kernel launched by this process;
+ * 0 before any (for tests that a call did split). */
+int fa3c_cuda_fwd_last_num_splits(void);
 
 #ifdef __cplusplus
 }

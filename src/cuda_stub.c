@@ -31,3 +31,5 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
 int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) { return 0; }
 
 int fa3c_cuda_fwd_last_cluster(void) { return 0; }
+
+int fa3c_cuda_fwd_last_num_splits(void) { return 0; }

@@ -89,6 +89,14 @@ if [ "${SEQUSED_BENCH:-1}" = 1 ]; then
   note "bench_fwd_gpu --seqused rc=$?"
   { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; } \
     >>"$OUT/bench_fwd_gpu.log"
+  # Decode from a contiguous cache and from paged ones (pages of 64, 16 and 1 key): the cost of pages.
+  for ps in 0 64 16 1; do
+    { echo; echo "==== decode, $([ $ps = 0 ] && echo "contiguous cache (seqused_k)" || echo "pages of $ps keys")"; } \
+      >>"$OUT/bench_fwd_gpu.log"
+    timeout 120 build-gpu/bench_fwd_gpu --decode --seqused $([ $ps != 0 ] && echo --page-size $ps) \
+      >>"$OUT/bench_fwd_gpu.log" 2>&1
+    note "bench_fwd_gpu --decode pages $ps rc=$?"
+  done
 fi
 if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
   # .peers/: the stored peer runs (shared/peers), carried in by the caller when wanted.

@@ -132,8 +132,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
     return in ? in->block_n : 0;
 }
 
-static int last_cluster;   /* written by each forward launch; read by tests only */
+static int last_cluster, last_num_splits;   /* written by each forward launch; read by tests only */
 int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
+int fa3c_cuda_fwd_last_num_splits(void) { return last_num_splits; }
 
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
@@ -329,6 +330,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         k.score_log2 = pr->softmax_scale * log2e;
     }
     last_cluster = k.cluster;
+    last_num_splits = k.num_splits;
     if (k.num_splits == 1) {
         void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);
         s = inst->launch(&k, stream);
@@ -343,7 +345,10 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     cudaError_t e = cudaMallocAsync(&ws, rows * (pr->headdim + 1) * sizeof(float), (cudaStream_t)stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        if (p->num_splits == 0) {   /* auto: run unsplit rather than fail */
+        /* Auto, or packed queries (whose scratch is sized by batch x the
+         * longest sequence, which may be far more than their tokens): run
+         * unsplit rather than fail. */
+        if (p->num_splits == 0 || pr->cu_seqlens_q) {
             fa3c_fwd_params unsplit = *p;
             unsplit.num_splits = 1;
             return fa3c_cuda_fwd(&unsplit, stream);

@@ -215,30 +215,43 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
 // Paged KV (p.page_table; variable-length instances): key block n of tile
 // t's sequence from its pages, as boxes of p.page_rows rows, each inside one
 // page (page_rows divides both BLOCK_N and page_size). Each box starts on a
-// 128-byte boundary of the slot (backend.c). Where a box starts inside an
-// 8-row swizzle atom (pages of fewer than 8 keys, or of 12, 20, ...) this
-// relies on TMA swizzling by the smem address, as the wgmma descriptors'
-// base offset suggests: the step test tma_paged_boxes_and_zeroed_rows
-// checks that boxes of 1 to 56 rows give the layout of one box (not yet run
-// on a GPU). Many small boxes are slower. The boxes wholly past the sequence's last key are not loaded:
-// their page table entries need not be valid, their K rows are masked and
-// their V rows zeroed (v_guard). Arrives on `bar` expecting the bytes loaded.
+// 128-byte boundary of the slot, as TMA requires (backend.c). TMA swizzles
+// by the smem address (the PTX ISA's swizzle base offset, (dstMem / 128) %
+// 8), so boxes that start inside an 8-row swizzle atom (pages of fewer than
+// 8 keys, or of 12, 20, ...) land where one box of the same rows would put
+// them; the step test tma_paged_boxes_and_zeroed_rows checks boxes of 1 to
+// 14 rows and larger ones against one box (not yet run on a GPU). Small
+// pages mean many boxes: their table entries are loaded LOOKUPS at a time,
+// so that one load latency covers several boxes. The boxes wholly past the
+// sequence's last key are not loaded: their page table entries need not be
+// valid, their K rows are masked and their V rows zeroed (v_guard). Arrives
+// on `bar` expecting the bytes loaded.
 template <int D, int BLOCK_N>
 FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, const fa3c_fwd_kernel_params &p,
                                const FwdTile &t, int n) {
     typedef TileLayout<D> L;
+    enum { LOOKUPS = 4 };
     const int key0 = n * BLOCK_N, rows = min(BLOCK_N, t.seqlen_k - key0);   // >= 1 (v_guard)
     const int boxes = (rows + p.page_rows - 1) / p.page_rows;
     mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
     const int *table = p.page_table + t.batch * p.page_table_stride;
 #pragma unroll 1
-    for (int i = 0; i < boxes; i++) {
-        const int key = key0 + i * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
-        const int page = table[page_index], row = key - page_index * p.div_page_size.d;
+    for (int i0 = 0; i0 < boxes; i0 += LOOKUPS) {
+        int page[LOOKUPS], row[LOOKUPS];
 #pragma unroll
-        for (int c = 0; c < D / L::CHUNK; c++)
-            tma_load_4d(dst + (c * BLOCK_N + i * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row, t.head_kv,
-                        page);
+        for (int j = 0; j < LOOKUPS; j++) {   // past the last box: its entry again (a valid one)
+            const int key = key0 + min(i0 + j, boxes - 1) * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
+            page[j] = table[page_index];
+            row[j] = key - page_index * p.div_page_size.d;
+        }
+#pragma unroll
+        for (int j = 0; j < LOOKUPS; j++) {
+            if (i0 + j >= boxes) break;
+#pragma unroll
+            for (int c = 0; c < D / L::CHUNK; c++)
+                tma_load_4d(dst + (c * BLOCK_N + (i0 + j) * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row[j],
+                            t.head_kv, page[j]);
+        }
     }
 }
 

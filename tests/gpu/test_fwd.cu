@@ -946,6 +946,7 @@ typedef struct {
     float softcap;
     int num_splits;      // 0: auto (packed_base)
     int fixed_q;         // 1: q and out (batch, lens_q[0], ...) without cu_seqlens_q (every lens_q equal)
+    int must_split;      // 1: the call must run with more than one key split
 } packed_case;
 
 static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
@@ -1072,6 +1073,9 @@ static void run_packed_case(const char *label, packed_case c) {
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
+        if (run == 0) printf("    ran with %d key splits\n", fa3c_cuda_fwd_last_num_splits());
+        CHECK(!c.must_split || fa3c_cuda_fwd_last_num_splits() > 1, "%s: ran with %d key splits, want more than 1",
+              label, fa3c_cuda_fwd_last_num_splits());
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(gout[run], dout, (size_t)nq * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, (size_t)HQ * TQ * 4, cudaMemcpyDeviceToHost));
@@ -1164,6 +1168,7 @@ TEST(fwd_packed_sequences_split_kv) {
     packed_case c = packed_base(BF16, 6, 16, 128, q1, k1);
     c.heads_kv = 2;
     c.num_splits = 5;
+    c.must_split = 1;
     run_packed_case("varlen decode, gqa 8, 5 splits", c);
     c.packed_k = 0;
     run_packed_case("varlen decode, gqa 8, keys with seqused_k, 5 splits", c);
@@ -1171,29 +1176,34 @@ TEST(fwd_packed_sequences_split_kv) {
     c = packed_base(BF16, 3, 2, 64, q64, k64);
     c.causal = 1;
     c.num_splits = 3;
+    c.must_split = 1;
     run_packed_case("hdim64 causal, 3 splits", c);
     const int q256[3] = {81, 0, 300}, k256[3] = {400, 50, 300};
     c = packed_base(BF16, 3, 2, 256, q256, k256);
     c.window_left = 100;
     c.window_right = 0;
     c.num_splits = 4;
+    c.must_split = 1;
     run_packed_case("hdim256 window, a sequence without queries, 4 splits", c);
     const int q96[2] = {33, 130}, k96[2] = {200, 50};
     c = packed_base(FP16, 2, 2, 96, q96, k96);
     c.softcap = 20.f;
     c.num_splits = 2;
+    c.must_split = 1;
     run_packed_case("fp16 hdim96 cross, softcap, 2 splits", c);
     const int qd[3] = {5, 40, 1}, kd[3] = {300, 1, 777};
     c = packed_base(BF16, 3, 8, 192, qd, kd);
     c.heads_kv = 1;
     c.packed_k = 0;
     c.causal = 1;
-    c.num_splits = 64;   // more than key blocks: one split per block
+    c.num_splits = 64;
+    c.must_split = 1;   // more than key blocks: one split per block
     run_packed_case("mqa hdim192 causal, keys with seqused_k, 64 splits asked", c);
     const int qm[4] = {1, 1, 37, 1}, km[4] = {2000, 3000, 37, 1};   // mixed: decode and a short prefill
     c = packed_base(BF16, 4, 8, 128, qm, km);
     c.heads_kv = 2;
     c.causal = 1;
+    c.must_split = 1;
     run_packed_case("mixed decode and prefill, gqa 4, auto splits", c);
 }
 
@@ -1206,6 +1216,7 @@ TEST(fwd_packed_sequences_small) {
     c.causal = 1;
     run_packed_case("small packed hdim128", c);
     c.num_splits = 2;
+    c.must_split = 1;
     run_packed_case("small packed hdim128, 2 splits", c);
 }
 
@@ -1224,6 +1235,7 @@ TEST(fwd_packed_keys_only) {
     c = packed_base(FP16, 4, 16, 64, q1, k1);
     c.heads_kv = 2;
     c.fixed_q = 1;
+    c.must_split = 1;
     run_packed_case("decode hdim64 gqa 8, auto splits", c);
     const int q2[2] = {100, 100}, k2[2] = {81, 400};
     c = packed_base(BF16, 2, 2, 256, q2, k2);
@@ -1304,7 +1316,9 @@ TEST(fwd_not_supported_is_reported) {
         x.problem.cu_seqlens_q = x.problem.cu_seqlens_k = arrays;
         expect_not_supported("cu_seqlens without FA3C_CUDA_VARLEN", x, "FA3C_CUDA_VARLEN");
     }
-    if (fa3c_cuda_fwd_block_n(&paged96.problem) != 0)   // a build with hdim 96's variable-length kernel
+    fa3c_problem fixed96 = paged96.problem;
+    fixed96.page_table = NULL;
+    if (fa3c_cuda_fwd_block_n(&paged96.problem) != 0 && fa3c_cuda_fwd_block_n(&fixed96) != 0)   // both hdim-96 kernels
         expect_not_supported("hdim 96, page size 5", paged96, "even page_size");
     cudaFree(arrays);
     cudaFree(buf);
