@@ -8,8 +8,8 @@
 # under the card's power cap). With TRACE_ABLATE=1 (default) also a traced
 # build without the softmax (FA3C_FWD_ABLATE_SOFTMAX=1: wrong outputs).
 #   bash tools/gpu_trace.sh            (TRACE_SHAPES=quick for three shapes, or
-#   a list of shape labels, e.g. "h256_nc_8k h256_nc_512"; TRACE_FLAGS="-DKNOB=V"
-#   adds knobs to every build)
+#   a list of shape labels, e.g. "h256_nc_8k h256_nc_512" or "dec_h128_8k dec_h128_32k";
+#   TRACE_FLAGS="-DKNOB=V" adds knobs to every build)
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -52,6 +52,10 @@ shape() {
   shape h64_c_512 64 128 32 512 32 trace --causal
   shape h256_nc_8k 256 80 2 8192 8
   shape h256_nc_512 256 80 32 512 8
+  # Decode (bench.py's shapes 3 and 4: GQA 4 packed into a tile, split-KV on auto): is the one
+  # computing warpgroup's chain per key block (S, softmax, P·V) longer than the block's DRAM time?
+  shape dec_h128_8k 128 128 8 1 32 trace --seqlen-k 8192 --heads-kv 8
+  shape dec_h128_32k 128 128 8 1 32 trace --seqlen-k 32768 --heads-kv 8
   if [[ " ${built[*]} " == *" nosoftmax "* ]]; then
     shape h128_nc_8k_nosoftmax 128 128 2 8192 16 nosoftmax
     shape h64_nc_8k_nosoftmax 64 128 2 8192 32 nosoftmax
