@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build fa3c into build/ and run every test: the C suite through ctest (GPU
 # cases skip with a message when there is no sm_90 GPU), the install check
-# (find_package and pkg-config consumers) and the Python tests when present.
+# (find_package and pkg-config consumers), the C tests of the CPU library under
+# ASan and UBSan, and the Python tests when present.
 # Runs every stage, then exits non-zero if any failed.
 # FA3C_CMAKE_ARGS adds configure options (e.g. -DFA3C_CUDA=OFF).
 set -uo pipefail
@@ -29,6 +30,15 @@ stage ctest bash -c 'cd build && ctest --output-on-failure --no-tests=error -j2'
 skips=$(grep -h "^SKIPPED" build/Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^SKIPPED [^:]*: //' | sort | uniq -c)
 [ -z "$skips" ] || printf '==== skipped test cases, by reason:\n%s\n' "$skips"
 stage install bash tools/check_install.sh build
+# The CPU library and the C tests again under AddressSanitizer and UBSan, any
+# report fatal: bad input must never read or write out of bounds. CPU only
+# (the main build compiled the CUDA code). FA3C_TEST_SANITIZE=0 skips it.
+if [ "${FA3C_TEST_SANITIZE:-1}" != 0 ]; then
+    stage sanitizers env UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 bash -c \
+        'cmake -S . -B build-asan -DFA3C_CUDA=OFF -DFA3C_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+         cmake --build build-asan -j "$(nproc)" >/dev/null &&
+         cd build-asan && ctest --output-on-failure --no-tests=error -j2'
+fi
 if [ -f tools/test_python.sh ]; then
     stage python bash tools/test_python.sh
 fi
