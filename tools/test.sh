@@ -33,12 +33,19 @@ stage install bash tools/check_install.sh build
 # The CPU library and the C tests again under AddressSanitizer and UBSan, any
 # report fatal: bad input must never read or write out of bounds. CPU only
 # (the main build compiled the CUDA code). FA3C_TEST_SANITIZE=0 skips it.
-if [ "${FA3C_TEST_SANITIZE:-1}" != 0 ]; then
+asan_probe=$(mktemp -d)
+if [ "${FA3C_TEST_SANITIZE:-1}" = 0 ]; then
+    echo "==== sanitizers: SKIPPED (FA3C_TEST_SANITIZE=0)"
+elif ! echo 'int main(void) { return 0; }' | ${CC:-cc} -fsanitize=address,undefined -x c - -o "$asan_probe/a.out" 2>/dev/null ||
+    ! "$asan_probe/a.out"; then
+    echo "==== sanitizers: SKIPPED (${CC:-cc} cannot build and run a program with -fsanitize=address,undefined here)"
+else
     stage sanitizers env UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 bash -c \
         'cmake -S . -B build-asan -DFA3C_CUDA=OFF -DFA3C_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
          cmake --build build-asan -j "$(nproc)" >/dev/null &&
          cd build-asan && ctest --output-on-failure --no-tests=error -j2'
 fi
+rm -rf "$asan_probe"
 if [ -f tools/test_python.sh ]; then
     stage python bash tools/test_python.sh
 fi
