@@ -1250,8 +1250,9 @@ TEST(fwd_packed_keys_only) {
 // combine. Cases at hdim 64 (FA3C_FWD_WG_SPLIT_MAX_HDIM's default): GQA
 // decode with auto splits, tiles of a single key block (warpgroups without a
 // block write empty partials), causal with 4 queries, a window; seqused_k
-// and packed sequences. gpu_check.sh's EXTRA_FLAGS build it with the limit
-// at 256, so that every decode case of this suite runs it too.
+// and packed sequences. Its planned run (docs/KERNEL.md, "Shared decode
+// tiles") raises the limit to 256, so that every decode case of this suite
+// runs it too.
 TEST(fwd_wg_split_decode) {
     REQUIRE_SM90();
     if (!FA3C_FWD_WG_SPLIT)
