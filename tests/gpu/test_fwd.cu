@@ -1169,9 +1169,9 @@ TEST(fwd_packed_sequences_split_kv) {
     c.heads_kv = 2;
     c.num_splits = 5;
     c.must_split = 1;
-    run_packed_case("varlen decode, gqa 8, 5 splits", c);
+    run_packed_case("varlen decode, gqa 8, 5 splits asked (4 ranges of 2 blocks)", c);
     c.packed_k = 0;
-    run_packed_case("varlen decode, gqa 8, keys with seqused_k, 5 splits", c);
+    run_packed_case("varlen decode, gqa 8, keys with seqused_k, 5 splits asked", c);
     const int q64[3] = {500, 77, 200}, k64[3] = {520, 77, 193};
     c = packed_base(BF16, 3, 2, 64, q64, k64);
     c.causal = 1;
@@ -1184,7 +1184,7 @@ TEST(fwd_packed_sequences_split_kv) {
     c.window_right = 0;
     c.num_splits = 4;
     c.must_split = 1;
-    run_packed_case("hdim256 window, a sequence without queries, 4 splits", c);
+    run_packed_case("hdim256 window, a sequence without queries, 4 splits asked (3 ranges)", c);
     const int q96[2] = {33, 130}, k96[2] = {200, 50};
     c = packed_base(FP16, 2, 2, 96, q96, k96);
     c.softcap = 20.f;
