@@ -46,9 +46,6 @@ int fa3c_cuda_fwd_last_cluster(void);
 /* Key splits (split-KV) of the last forward kernel launched by this process;
  * 0 before any (for tests that a call did split). */
 int fa3c_cuda_fwd_last_num_splits(void);
-/* Consumer warpgroups sharing each tile's key blocks in the last forward
- * launch (1, or more with FA3C_FWD_WG_SPLIT); 0 before any. */
-int fa3c_cuda_fwd_last_wg_split(void);
 
 #ifdef __cplusplus
 }

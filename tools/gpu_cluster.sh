@@ -16,8 +16,9 @@ L="$OUT/cluster"
 mkdir -p "$L"
 B=build-gpu-cluster
 flags="-DFA3C_FWD_CLUSTER=2 -DFA3C_FWD_CLUSTER_MASKED=1"
-timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON \
-  "-DFA3C_INSTANCES=bf16_hdim64;fp16_hdim64;bf16_hdim96;bf16_hdim128;fp16_hdim128;bf16_hdim192;bf16_hdim256;fp16_hdim256;bf16_hdim256_n64;fp16_hdim256_n64" \
+# Every fixed-length instance: the whole GPU suite runs in this build (run 81 left fp16 hdim 96
+# and 192 out, and their cases failed as NOT_SUPPORTED); no variable-length ones (no clusters there).
+timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON -DFA3C_CUDA_VARLEN=OFF \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build.log" 2>&1 &&
   timeout 400 cmake --build $B -j"$(nproc)" --target test_tma test_wgmma test_scheduler test_fwd >>"$L/build.log" 2>&1
 echo "== cluster build rc=$?"

@@ -8,7 +8,7 @@
 # under the card's power cap). With TRACE_ABLATE=1 (default) also a traced
 # build without the softmax (FA3C_FWD_ABLATE_SOFTMAX=1: wrong outputs).
 #   bash tools/gpu_trace.sh            (TRACE_SHAPES=quick for three shapes, or
-#   a list of shape labels, e.g. "h256_nc_8k h256_nc_512" or "dec_h64_16k dec_h128_8k";
+#   a list of shape labels, e.g. "h256_nc_8k h256_nc_512" or "dec_h128_8k dec_h128_32k";
 #   TRACE_FLAGS="-DKNOB=V" adds knobs to every build)
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -52,10 +52,8 @@ shape() {
   shape h64_c_512 64 128 32 512 32 trace --causal
   shape h256_nc_8k 256 80 2 8192 8
   shape h256_nc_512 256 80 32 512 8
-  # Decode (bench.py's shapes 1, 3 and 4: GQA 8 and 4 packed into a tile, split-KV on auto): is the
-  # one computing warpgroup's chain per key block (S, softmax, P·V) longer than the block's DRAM time
-  # (FA3C_FWD_WG_SPLIT, docs/KERNEL.md)?
-  shape dec_h64_16k 64 128 16 1 16 trace --seqlen-k 16384 --heads-kv 2
+  # Decode (bench.py's shapes 3 and 4: GQA 4 packed into a tile, split-KV on auto): is the one
+  # computing warpgroup's chain per key block (S, softmax, P·V) longer than the block's DRAM time?
   shape dec_h128_8k 128 128 8 1 32 trace --seqlen-k 8192 --heads-kv 8
   shape dec_h128_32k 128 128 8 1 32 trace --seqlen-k 32768 --heads-kv 8
   if [[ " ${built[*]} " == *" nosoftmax "* ]]; then

@@ -100,8 +100,7 @@ static const fwd_instance fwd_instances[] = {
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
-    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED,
-                             FA3C_FWD_WG_SPLIT ? FA3C_FWD_WG_SPLIT_MAX_HDIM : 0};
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED};
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -133,10 +132,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
     return in ? in->block_n : 0;
 }
 
-static int last_cluster, last_num_splits, last_wg_split;   /* written by each forward launch; read by tests only */
+static int last_cluster, last_num_splits;   /* written by each forward launch; read by tests only */
 int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
 int fa3c_cuda_fwd_last_num_splits(void) { return last_num_splits; }
-int fa3c_cuda_fwd_last_wg_split(void) { return last_wg_split; }
 
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
@@ -228,8 +226,8 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     if (!find_fwd(pr))   /* seqused_k or paged KV, and the build has the fixed-length instance only */
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: seqused_k, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
-                          "this build lacks (cmake -DFA3C_CUDA_VARLEN=ON, or add it to FA3C_INSTANCES; not yet verified "
-                          "on a GPU)", dtype_name(pr->dtype), pr->headdim);
+                          "this build lacks (built unless -DFA3C_CUDA_VARLEN=OFF; or add it to FA3C_INSTANCES)",
+                          dtype_name(pr->dtype), pr->headdim);
     /* Paged: boxes of gcd(block_n, page_size) rows, each starting on a
      * 128-byte boundary of smem as TMA requires: any page size with rows of
      * 128 bytes per chunk, an even one with hdim 96's 64-byte rows. */
@@ -333,7 +331,6 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     }
     last_cluster = k.cluster;
     last_num_splits = k.num_splits;
-    last_wg_split = k.wg_split;
     if (k.num_splits == 1) {
         void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);
         s = inst->launch(&k, stream);
@@ -342,9 +339,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     }
 
     /* Split-KV: the partial results live in stream-ordered memory from the
-     * device's default pool, freed once the combine is queued; wg_split of
-     * them per key split (fwd_params.h). */
-    size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits * k.wg_split;
+     * device's default pool, freed once the combine is queued. */
+    size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits;
     void *ws = NULL;
     cudaError_t e = cudaMallocAsync(&ws, rows * (pr->headdim + 1) * sizeof(float), (cudaStream_t)stream);
     if (e != cudaSuccess) {
@@ -364,9 +360,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.o_partial = (float *)ws;
     k.lse_partial = k.o_partial + rows * pr->headdim;
     s = inst->launch(&k, stream);
-    fa3c_fwd_kernel_params merge = k;   /* the combine sees every partial as a split of its own */
-    merge.num_splits = k.num_splits * k.wg_split;
-    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&merge, pr->headdim, pr->dtype == FA3C_DTYPE_FP16, stream);
+    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, pr->headdim, pr->dtype == FA3C_DTYPE_FP16, stream);
     cudaFreeAsync(ws, (cudaStream_t)stream);
     return s;
 }

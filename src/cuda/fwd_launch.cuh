@@ -89,11 +89,6 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     if (p->cluster > FA3C_FWD_CLUSTER)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
                           "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
-    // The same for decode tiles shared by the warpgroups (FA3C_FWD_WG_SPLIT).
-    if (p->wg_split > 1 && !(FA3C_FWD_WG_SPLIT && D <= FA3C_FWD_WG_SPLIT_MAX_HDIM))
-        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan shares decode tiles among "
-                          "warpgroups but this instance was built without it (FA3C_FWD_WG_SPLIT or its head-dim limit "
-                          "differs between the C and CUDA flags)", D);
     // The registers setmaxnreg shares out are the CTA's launch allocation:
     // fewer than the budgets (ptxas chose fewer per thread than the launch
     // bounds allow) would hang the kernel. Asked once per instance.

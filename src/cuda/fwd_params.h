@@ -106,13 +106,6 @@ typedef struct fa3c_fwd_kernel_params {
      * a bound the host knows (the true totals are on the device), and every
      * box stays inside its sequence or before it (fwd_tile.cuh, scheduler.cuh). */
     const int *cu_seqlens_q, *cu_seqlens_k;
-    /* FA3C_FWD_WG_SPLIT (fwd_tiles.h): 1, or the consumer warpgroups that
-     * share the key blocks of every tile (all its rows in the 64 of the slab
-     * that holds row 0, slab = -m0 / 64): warpgroup c takes the tile's blocks
-     * c, c + wg_split, ... of its walk and writes a partial result as split
-     * split * wg_split + c (num_splits * wg_split partials for the combine).
-     * Last in the struct: the other fields keep their offsets. */
-    int wg_split;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus

@@ -176,17 +176,6 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->num_m_blocks /= k->cluster;
     tiles /= k->cluster;
     k->num_tiles = (int)(tiles * k->num_splits);
-    /* Decode tiles (every tile's rows within one warpgroup's 64: rows <= 64,
-     * one row block) of split-KV calls: all consumer warpgroups share each
-     * tile's key blocks (fwd_params.h, wg_split). Only with split-KV, whose
-     * combine merges their partials anyway (else it would add the combine's
-     * pass), and within the combine's MAX_SPLITS partials per row. */
-    const int consumers = facts->block_m / 64;
-    k->wg_split = facts->wg_split_max_hdim >= pr->headdim && k->num_splits > 1 && k->rows <= 64 &&
-                          k->num_m_blocks == 1 && k->cluster == 1 && consumers > 1 &&
-                          k->num_splits * consumers <= MAX_SPLITS
-                      ? consumers
-                      : 1;
     int clusters = facts->sms / k->cluster;
     k->grid = k->cluster * (FA3C_FWD_PERSISTENT && clusters > 0 && clusters < k->num_tiles ? clusters : k->num_tiles);
     k->section_heads = l2_section_heads(pr, pack, facts->l2_bytes);

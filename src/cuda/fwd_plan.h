@@ -23,10 +23,6 @@ typedef struct fa3c_fwd_plan_facts {
                        FA3C_FWD_CLUSTER = 2, else 1 (0 is taken as 1) */
     int cluster_masked;   /* 1: clusters under a mask or window too
                              (FA3C_FWD_CLUSTER_MASKED) */
-    int wg_split_max_hdim;   /* FA3C_FWD_WG_SPLIT: decode tiles of split-KV calls
-                                up to this head dim share their key blocks among
-                                the consumer warpgroups (fwd_params.h, wg_split);
-                                0: never */
 } fa3c_fwd_plan_facts;
 
 /* Paged KV: the rows of each K/V box, gcd(block_n, page_size): a box must

@@ -832,7 +832,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
     }
     const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
-    if (p.num_splits > 1 || (FA3C_FWD_WG_SPLIT && p.wg_split > 1)) {   // (wg_split: num_splits > 1 too)
+    if (p.num_splits > 1) {
         store_partial<D>(p, t, o, inv, lse, rows, quad);
         return;
     }
@@ -1040,119 +1040,6 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     trace(consumer_index, ring, TR_TILE_END);
 }
 
-#if FA3C_FWD_WG_SPLIT
-// A key block this warpgroup does not compute, without a turn: the slot's
-// release once loaded (skip_key_block's waits and releases).
-template <int D, int BLOCK_N, int STAGES, bool VARLEN>
-FA3C_DEVICE void drain_key_block(FwdSmem<D, BLOCK_N, STAGES> &sm, int &ring, int cluster) {
-    int s = stage_of(ring, STAGES);
-    uint32_t ph = phase_of(ring, STAGES);
-    ring++;
-    mbar_wait_parity(&sm.k_full[s], ph);
-    release_kv(&sm.k_empty[s], cluster);
-    mbar_wait_parity(&v_readable<VARLEN>(sm)[s], ph);
-    release_kv(&sm.v_empty[s], cluster);
-}
-
-// FA3C_FWD_WG_SPLIT (fwd_params.h, wg_split): one tile whose rows all lie in
-// the slab of 64 that holds row 0, computed by every consumer warpgroup.
-// Warpgroup c takes the blocks c, c + C, c + 2C, ... of the tile's walk
-// (from n_end - 1 down) and lets the others' slots go once they are loaded
-// (drain_key_block). For its block k it issues S(k), and after the softmax
-// P·V(k), which it waits for before it goes on: V(k)'s slot is then free
-// again at once, and the producer keeps its STAGES - 1 blocks of V ahead.
-// No turns (pingpong) in this loop (consumer_wg_split takes none either):
-// a warpgroup's S / P·V overlap is gone, and the turns would make the next
-// warpgroup's S wait for this one's softmax (its P·V would come first in the
-// turn order); the other warpgroups' softmax and GEMMs fill the gaps. A
-// review's barrier model found the first two versions, with turns, held
-// V(k) for C blocks (a deadlock with fewer stages than warpgroups) or
-// serialized the warpgroups (docs/KERNEL.md). Its result is the partial of
-// split t.split * C + c (store_partial); a warpgroup with no block of the
-// tile writes an empty one (zeros, lse -inf), as an empty split does. No
-// per-warpgroup skipping of masked blocks: all compute the same rows.
-template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
-FA3C_DEVICE void consumer_tile_interleaved(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
-                                           const FwdTile &t, int consumer_index, int &ring, uint32_t q_phase,
-                                           int step) {
-    enum { C = FA3C_FWD_CONSUMERS(D), Q_REGS = q_in_regs<D>() };
-    const int cluster = cluster_size(p);   // 1: the plan pairs no CTAs with wg_split
-    int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, quad = lane % 4;
-    const int slab = -t.m0 / 64;   // m0 <= 0, and rows [0, rows) lie in [m0 + 64 slab, + 64)
-    int row0 = t.m0 + slab * 64 + warp * 16 + lane / 4;
-
-    float o[D / 2];
-    uint32_t q_frag[Q_REGS ? D / 16 : 1][4];
-    float s[BLOCK_N / 2];
-    uint32_t p_frag[BLOCK_N / 16][4];
-    SoftmaxState st;
-    softmax_init(st);
-    float rescale[2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-
-    mbar_wait_parity(&sm.q_full, q_phase);
-    if (Q_REGS) {
-        load_q_fragments<D>(q_frag, sm.q, slab);
-        release(&sm.q_empty);
-    }
-    const int blocks = t.n_end - t.n_begin;
-    for (int k = 0; k < consumer_index && k < blocks; k++)   // the other warpgroups' first blocks
-        drain_key_block<D, BLOCK_N, STAGES, VARLEN>(sm, ring, cluster);
-    for (int k = consumer_index; k < blocks; k += C) {
-        const int n = t.n_end - 1 - k, cur = stage_of(ring, STAGES);
-        const uint32_t cur_phase = phase_of(ring, STAGES);
-        ring++;
-        mbar_wait_parity(&sm.k_full[cur], cur_phase);
-        issue_qk<D, BLOCK_N, FP16, Q_REGS>(s, q_frag, sm.q, sm.k[cur], slab);
-        wgmma_wait<0>();
-        fence_regs<BLOCK_N / 2>(s);
-        prepare_scores<BLOCK_N, VARLEN>(s, p, t, row0, n, quad);
-        const bool rescale_o = softmax_of_block<D, BLOCK_N, FP16, Q_REGS, VARLEN>(s, st, rescale, p, t, row0, n, quad,
-                                                                                q_frag, sm.q, sm.k[cur], slab);
-        release_kv(&sm.k_empty[cur], cluster);   // after a possible recompute of S from it
-        probs_to_fragments<BLOCK_N, FP16>(s, p_frag);
-        if (rescale_o) rescale_output<D>(o, rescale);   // O holds every earlier block's P·V: none in flight
-
-        mbar_wait_parity(&v_readable<VARLEN>(sm)[cur], cur_phase);
-        issue_pv<D, BLOCK_N, FP16>(o, p_frag, sm.v[cur]);
-        wgmma_wait<0>();
-        fence_regs<D / 2>(o);
-        release_kv(&sm.v_empty[cur], cluster);
-        for (int j = k + 1; j < k + C && j < blocks; j++)   // the other warpgroups' blocks before the next
-            drain_key_block<D, BLOCK_N, STAGES, VARLEN>(sm, ring, cluster);
-    }
-    if (!Q_REGS) release(&sm.q_empty);   // every S of this tile has completed
-    FwdTile part = t;   // this warpgroup's partial: a split of its own
-    part.split = t.split * C + consumer_index;
-    finish_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, part, o, st, row0, quad, consumer_index, ring, step);
-}
-
-// A tile under FA3C_FWD_WG_SPLIT: void tiles (packed sequences) are
-// skipped, empty ones (no key block) write an empty partial per warpgroup,
-// the others go to consumer_tile_interleaved.
-template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
-FA3C_DEVICE void consumer_wg_split_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
-                                        const FwdTile &t, int consumer_index, int &ring, int &q_uses, int step) {
-    if (tile_is_void<VARLEN>(t, FA3C_FWD_BLOCK_M(D))) return;
-    if (!tile_is_empty(t)) {
-        consumer_tile_interleaved<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, consumer_index, ring,
-                                                                   q_phase_of(q_uses++), step);
-        return;
-    }
-    int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-    FwdTile part = t;
-    part.split = t.split * FA3C_FWD_CONSUMERS(D) + consumer_index;
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    SoftmaxState st;
-    softmax_init(st);
-    epilogue<D, FP16, VARLEN>(p, part, o, st, t.m0 + (-t.m0 / 64) * 64 + warp * 16 + lane / 4, lane % 4, nullptr,
-                              consumer_index, TR_NO_BLOCK);
-}
-#endif
-
 // A consumer warpgroup whose 64 rows all lie past the end (decode: a few
 // packed rows in a 128-row tile) or above row 0 (p.m_shift) computes
 // nothing, but keeps the barrier protocol of consumer_tile: the same waits
@@ -1243,24 +1130,6 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     if (threadIdx.x % 128 == 0) tma_store_wait_all();      // the staging smem must outlive the O stores
 }
 
-#if FA3C_FWD_WG_SPLIT
-// consumer() for the launches whose tiles all share their key blocks among
-// the warpgroups (p.wg_split > 1, the same for every tile of a launch): a
-// loop of its own, chosen once per kernel, since the interleaved tile inside
-// consumer()'s loop made ptxas spill in every path of hdim 64's kernel.
-template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
-FA3C_DEVICE void consumer_wg_split(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
-                                   int consumer_index) {
-    int ring = 0, q_uses = 0;   // no turns (consumer_tile_interleaved): no first pass, no last wait
-    for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
-        if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
-        consumer_wg_split_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, consumer_index, ring, q_uses, step);
-    }
-    if (threadIdx.x % 128 == 0) tma_store_wait_all();
-}
-#endif
-
 // The setmaxnreg budgets of an instance (fwd_tiles.h). The variable-length
 // instances' producer warpgroup (key counts, page lookups, v_guard) spilled
 // at 24 registers: it gets more, the consumers a little less. TOTAL must fit
@@ -1321,12 +1190,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         }
     } else {
         reg_alloc<RegBudget<D, VARLEN>::CONSUMER>();
-#if FA3C_FWD_WG_SPLIT
-        if constexpr (D <= FA3C_FWD_WG_SPLIT_MAX_HDIM) {   // (the plan uses it up to that head dim only)
-            if (p.wg_split > 1) consumer_wg_split<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
-            else consumer<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
-        } else
-#endif
         consumer<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, warpgroup - 1);
     }
     // The other CTA's producer writes into this CTA's smem and its consumers

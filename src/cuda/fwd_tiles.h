@@ -206,26 +206,6 @@
  * its D / 2 O values, then its rows' (offset, offset, sum, sum). */
 #define FA3C_FWD_TAIL_SLOT_FLOAT4S(D) (((D) / 8 + 1) * 128)
 
-/* 1: decode tiles (every row of the tile in one consumer warpgroup's 64:
- * seqlen_q x GQA pack <= 64) of split-KV calls put all the consumer
- * warpgroups to work on the same rows: warpgroup c computes every
- * CONSUMERS-th key block of the tile from the c-th on and writes a partial
- * result of its own, which the split-KV combine merges with the others
- * (fwd_sm90.cuh, consumer_wg_split and consumer_tile_interleaved;
- * fwd_plan.c; docs/KERNEL.md, "Shared decode tiles"). Otherwise one
- * warpgroup computes and the others idle, and its chain per block (S, the
- * softmax, P·V) may outlast the block's DRAM time: at hdim 64 a block is
- * 32 KB of K and V, about 1.6k cycles of an SM's share of DRAM, against a
- * softmax of ~1.5k cycles alone. Only up to FA3C_FWD_WG_SPLIT_MAX_HDIM.
- * 0 (default): one computing warpgroup, and the code compiled out. Not yet
- * measured on a GPU. */
-#ifndef FA3C_FWD_WG_SPLIT
-#define FA3C_FWD_WG_SPLIT 0
-#endif
-#ifndef FA3C_FWD_WG_SPLIT_MAX_HDIM
-#define FA3C_FWD_WG_SPLIT_MAX_HDIM 64
-#endif
-
 /* 1: under a causal mask (a right bound) the partial row block's idle
  * warpgroups go to the top (fwd_params.h, m_shift), so the tile with the
  * most keys has all its warpgroups computing; 0: at the bottom, and the

@@ -1,6 +1,6 @@
 # CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
 # ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute;
-# "all" includes the *_varlen ones only with FA3C_CUDA_VARLEN=ON).
+# "all" leaves the *_varlen ones out with FA3C_CUDA_VARLEN=OFF).
 # (tools/gen_instances.py writes the files)
 set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hdim256 bf16_hdim256_n64
                        fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256 fp16_hdim256_n64
@@ -9,7 +9,7 @@ set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hd
                        fp16_hdim192_varlen fp16_hdim256_varlen)
 if(FA3C_INSTANCES STREQUAL "all")
   set(_fa3c_selected ${FA3C_ALL_INSTANCES})
-  if(NOT FA3C_CUDA_VARLEN)   # "all" takes the *_varlen instances only with FA3C_CUDA_VARLEN=ON
+  if(NOT FA3C_CUDA_VARLEN)   # FA3C_CUDA_VARLEN=OFF: "all" without the *_varlen instances
     list(FILTER _fa3c_selected EXCLUDE REGEX "_varlen$")
   endif()
 else()

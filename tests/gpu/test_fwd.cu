@@ -800,7 +800,7 @@ TEST(fwd_split_kv) {
 // v_guard's zeros, shows in the output. Counts of 0 (zeros, LSE -inf), 1,
 // a whole block, one past a block, and all keys; every head dim and both
 // dtypes; causal (bottom-right aligned per sequence), window, softcap.
-// The variable-length kernels are built with FA3C_CUDA_VARLEN=ON (or listed in FA3C_INSTANCES).
+// The variable-length kernels are built unless FA3C_CUDA_VARLEN=OFF (or when listed in FA3C_INSTANCES).
 #define REQUIRE_VARLEN_KERNELS()                                                                         \
     do {                                                                                                 \
         int32_t used_ = 1;                                                                               \
@@ -1243,71 +1243,6 @@ TEST(fwd_packed_keys_only) {
     c.window_left = 60;
     c.window_right = 10;
     run_packed_case("hdim256 window (60, 10)", c);
-}
-
-// FA3C_FWD_WG_SPLIT (an experiment, off by default): decode tiles whose
-// consumer warpgroups share the key blocks, each writing a partial for the
-// combine. Cases at hdim 64 (FA3C_FWD_WG_SPLIT_MAX_HDIM's default): GQA
-// decode with auto splits, tiles of a single key block (warpgroups without a
-// block write empty partials), causal with 4 queries, a window; seqused_k
-// and packed sequences. Its planned run (docs/KERNEL.md, "Shared decode
-// tiles") raises the limit to 256, so that every decode case of this suite
-// runs it too.
-TEST(fwd_wg_split_decode) {
-    REQUIRE_SM90();
-    if (!FA3C_FWD_WG_SPLIT)
-        SKIP("built without FA3C_FWD_WG_SPLIT (EXTRA_FLAGS=-DFA3C_FWD_WG_SPLIT=1 tools/gpu_check.sh runs it)");
-    fwd_case c = base_case(BF16, 3, 1, 3000, 16, 64);
-    c.heads_kv = 2;
-    run_case("hdim64 decode gqa 8, auto splits", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    c = causal_case(FP16, 2, 4, 260, 8, 64);   // 3 key blocks in 2 splits: a tile of one block
-    c.heads_kv = 1;
-    c.num_splits = 2;
-    run_case("hdim64 mqa sq 4 causal, 2 splits of 2 and 1 blocks", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    c = base_case(BF16, 2, 2, 2000, 8, 64);
-    c.heads_kv = 4;
-    c.window_left = 700;
-    c.window_right = 0;
-    c.num_splits = 5;
-    run_case("hdim64 sq 2 window (700, 0), 5 splits", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    c = causal_case(BF16, 2, 3, 2000, 4, 64);   // no GQA packing: the causal shift puts the rows in slab 2
-    c.num_splits = 4;
-    run_case("hdim64 mha sq 3 causal (m_shift), 4 splits", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    c = base_case(BF16, 8, 1, 4096, 32, 64);   // 256 tiles of 4 blocks on the persistent grid: several per CTA
-    c.heads_kv = 4;
-    c.num_splits = 8;
-    run_case("hdim64 decode gqa 8, 8 splits, persistent", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    int32_t probe = 1;
-    fa3c_problem pr;
-    memset(&pr, 0, sizeof pr);
-    pr.dtype = FA3C_DTYPE_BF16;
-    pr.headdim = 64;
-    pr.seqused_k = &probe;
-    if (fa3c_cuda_fwd_block_n(&pr) == 0) {
-        printf("    (no variable-length kernels in this build: the seqused_k and packed cases are left out)\n");
-        return;
-    }
-    c = used_case(base_case(BF16, 4, 1, 3000, 16, 64), 2999, 1, 0, 1500);
-    c.heads_kv = 2;
-    run_case("hdim64 decode seqused_k", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    c = used_case(base_case(FP16, 8, 1, 4096, 32, 64), 4096, 1, 0, 2000);   // 512 tiles of 2 blocks, empty ones between
-    c.heads_kv = 4;
-    c.num_splits = 16;
-    run_case("hdim64 decode seqused_k, 16 splits, persistent", c);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
-    const int q1[4] = {1, 1, 3, 1}, k1[4] = {900, 1, 2000, 0};
-    packed_case pc = packed_base(BF16, 4, 16, 64, q1, k1);
-    pc.heads_kv = 4;
-    pc.causal = 1;
-    pc.must_split = 1;
-    run_packed_case("hdim64 varlen decode, gqa 4", pc);
-    CHECK(fa3c_cuda_fwd_last_wg_split() == 3, "ran with wg_split %d, want 3", fa3c_cuda_fwd_last_wg_split());
 }
 
 // Calls the CUDA backend can't do: NOT_SUPPORTED with a message, output untouched.

@@ -33,7 +33,6 @@ typedef struct {
     // packed queries (cu_seqlens_q = cu_q) and packed keys (cu_seqlens_k = cu_k).
     int varlen, packed_q, packed_k, no_used;   // no_used: varlen without seqused_k
     int32_t used[4], cu_q[5], cu_k[5];
-    int wg_split_max_hdim;   // facts.wg_split_max_hdim (FA3C_FWD_WG_SPLIT's plan)
 } plan_case;
 
 // Prefix sums of 4 random lengths in [0, max]: empty, full, one, or any.
@@ -82,8 +81,6 @@ static plan_case random_case(void) {
     c.packed_k = c.varlen && tu_rand_int(0, 1);
     random_prefix_sums(c.cu_q, c.pr.seqlen_q);
     random_prefix_sums(c.cu_k, c.pr.seqlen_k);
-    const int wg_limits[] = {0, 64, 256};
-    c.wg_split_max_hdim = wg_limits[tu_rand_int(0, 2)];
     return c;
 }
 
@@ -153,18 +150,16 @@ static int masked_block_in(int begin, int end, int lo, int hi, int block_n, int 
 }
 
 // Checks one plan; returns 0 (after CHECK failures) when something is wrong.
-// Counts plans of packed queries with split-KV in *packed_splits, and plans
-// whose warpgroups share decode tiles (wg_split) in *wg_splits, if given.
-static int check_plan(const plan_case *c, int *packed_splits = NULL, int *wg_splits = NULL) {
+// Counts plans of packed queries with split-KV in *packed_splits, if given.
+static int check_plan(const plan_case *c, int *packed_splits = NULL) {
     const fa3c_problem problem = problem_of(c);
     const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
     fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n};
-    facts.wg_split_max_hdim = c->wg_split_max_hdim;
     int pack = fa3c_fwd_plan_pack(pr, c->block_m);
     fa3c_status st = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts);
-    char what[240];
+    char what[200];
     snprintf(what, sizeof what,
              "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d l2 %d seqused %s%d,%d,.. "
              "cu_q %s%d,%d,.. cu_k %s%d,%d,..",
@@ -181,15 +176,6 @@ static int check_plan(const plan_case *c, int *packed_splits = NULL, int *wg_spl
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
           p.num_splits);
     if (packed_splits && pr->cu_seqlens_q && p.num_splits > 1) ++*packed_splits;
-    // Shared decode tiles (FA3C_FWD_WG_SPLIT): exactly where the plan says
-    // (split-KV, every tile's rows within 64, one row block, no clusters or
-    // tail, the combine's limit), with all the tile's consumer warpgroups.
-    const int consumers = c->block_m / 64;
-    const int want_wg = c->wg_split_max_hdim >= pr->headdim && p.num_splits > 1 && p.rows <= 64 &&
-                        p.num_m_blocks == 1 && p.cluster == 1 && p.num_splits * consumers <= 128;
-    CHECK(p.wg_split == (want_wg ? consumers : 1) && (p.wg_split == 1 || p.tail_units == 0),
-          "%s: wg_split %d (want %d)", what, p.wg_split, want_wg ? consumers : 1);
-    if (wg_splits && p.wg_split > 1) ++*wg_splits;
     // Under a right bound (causal) without packing, the partial row block's
     // whole idle warpgroups are at the top (fewest keys); otherwise at the
     // bottom. (Packed queries: each sequence's tiles end at its end instead.)
@@ -299,13 +285,6 @@ static int check_plan(const plan_case *c, int *packed_splits = NULL, int *wg_spl
             ok = pr->cu_seqlens_q && tile_is_empty(t) && tile_is_void<true>(t, c->block_m);
             CHECK(ok, "%s: tile %d has no row but blocks [%d, %d)", what, tile, t.n_begin, t.n_end);
             continue;
-        }
-        if (p.wg_split > 1) {   // every row of the tile in the slab the warpgroups share (fwd_sm90.cuh)
-            const int slab = -t.m0 / 64, first = t.m0 + 64 * slab;
-            ok = t.m0 <= 0 && slab < consumers && first <= 0 && rows <= first + 64;
-            CHECK(ok, "%s: tile %d, m0 %d, rows %d: slab %d holds rows [%d, %d)", what, tile, t.m0, rows, slab, first,
-                  first + 64);
-            if (!ok) break;
         }
         // Packed keys: no K/V box reaches past the sequence's last key (the host does not know where the
         // packed tensors end); packed queries: no Q box past its last row (in_place).
@@ -506,15 +485,13 @@ TEST(scheduler_paged_kv_plan) {
 }
 
 TEST(scheduler_random_plans) {
-    int packed_splits = 0, wg_splits = 0;
+    int packed_splits = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
-        if (!check_plan(&c, &packed_splits, &wg_splits)) return;
+        if (!check_plan(&c, &packed_splits)) return;
     }
-    printf("    %d plans of packed queries with split-KV, %d with shared decode tiles (wg_split)\n", packed_splits,
-           wg_splits);
+    printf("    %d plans of packed queries with split-KV\n", packed_splits);
     CHECK(packed_splits >= 50, "only %d plans of packed queries with split-KV", packed_splits);
-    CHECK(wg_splits >= 50, "only %d plans with shared decode tiles", wg_splits);
 }
 
 // Walks a cluster plan as `clusters` clusters would (the plan's grid, or
