@@ -289,6 +289,10 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_plan_facts facts = device_facts();
     facts.block_m = block_m;
     facts.block_n = block_n;
+    /* The main hdim-256 instances are built with clusters (fwd_tiles.h,
+     * FA3C_FWD_CLUSTER_256; gen_instances.py), the others as FA3C_FWD_CLUSTER says. */
+    if (FA3C_FWD_CLUSTER_256 == 2 && pr->headdim == 256 && !inst->varlen && inst->short_causal_keys == 0)
+        facts.cluster = 2;
     int q_outer, q_rows, kv_outer, kv_rows;
     tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     int pack = fa3c_fwd_plan_pack(pr, block_m);

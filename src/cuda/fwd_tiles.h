@@ -165,10 +165,24 @@
  * from the L2 once instead of twice (fwd_sm90.cuh, load_kv_tile; ncu put
  * hdim 256 non-causal 512 near the L2's bandwidth, run 43). Used where the
  * row blocks pair up and walk the same key blocks: no mask or window, no
- * split-KV, an even number of row blocks (fwd_plan.c). 1 (default): no
- * clusters, and the code compiled out. Not yet measured on a GPU. */
+ * split-KV, an even number of row blocks (fwd_plan.c). 1: no clusters, and
+ * the code compiled out; the default is 1 except in the main hdim-256
+ * instances (FA3C_FWD_CLUSTER_256 below). Measured in run 81. */
+/* FA3C_FWD_CLUSTER_256 = 2 (default): the main hdim-256 instances (80-key
+ * blocks; tools/gen_instances.py marks their translation units with
+ * FA3C_FWD_CLUSTERED_INSTANCE) are built with clusters of two, the others
+ * without: run 81 measured +5.2% for hdim 256 without a mask at 512 and
+ * +1.5% at 2k (-0.7% at 8k, causal -0.5 to -1%), while the cluster code cost
+ * hdim 64 and 128 1-5% everywhere. 1: no instance clustered. */
+#ifndef FA3C_FWD_CLUSTER_256
+#define FA3C_FWD_CLUSTER_256 2
+#endif
 #ifndef FA3C_FWD_CLUSTER
+#if defined(FA3C_FWD_CLUSTERED_INSTANCE) && FA3C_FWD_CLUSTER_256 == 2
+#define FA3C_FWD_CLUSTER 2
+#else
 #define FA3C_FWD_CLUSTER 1
+#endif
 #endif
 #if FA3C_FWD_CLUSTER != 1 && FA3C_FWD_CLUSTER != 2
 #error "FA3C_FWD_CLUSTER must be 1 or 2"

@@ -577,8 +577,9 @@ typedef struct {
 // Runs each case and checks that it ran in pairs where the build pairs it:
 // in a build with clusters (-DFA3C_FWD_CLUSTER=2) every case here has an
 // even number of row blocks, so the unmasked ones pair, and the masked ones
-// too with -DFA3C_FWD_CLUSTER_MASKED=1 (fwd_plan.c). Without clusters they
-// are plain forward cases.
+// too with -DFA3C_FWD_CLUSTER_MASKED=1 (fwd_plan.c). In a default build the
+// unmasked hdim-256 ones pair (the main hdim-256 instances are clustered:
+// FA3C_FWD_CLUSTER_256), and the others are plain forward cases.
 static void run_cluster_cases(const cluster_case *cases, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const cluster_case *k = &cases[i];
@@ -591,7 +592,8 @@ static void run_cluster_cases(const cluster_case *cases, size_t n) {
         c.num_splits = 1;
         run_case(k->what, c);
         const int masked = k->causal || k->left >= 0 || k->right >= 0;
-        const int want = masked && !FA3C_FWD_CLUSTER_MASKED ? 1 : FA3C_FWD_CLUSTER;
+        const int clustered = FA3C_FWD_CLUSTER > 1 || (k->d == 256 && FA3C_FWD_CLUSTER_256 == 2);
+        const int want = !clustered || (masked && !FA3C_FWD_CLUSTER_MASKED) ? 1 : 2;
         CHECK(fa3c_cuda_fwd_last_cluster() == want, "%s: ran in clusters of %d, want %d", k->what,
               fa3c_cuda_fwd_last_cluster(), want);
     }
@@ -599,7 +601,8 @@ static void run_cluster_cases(const cluster_case *cases, size_t n) {
 
 TEST(fwd_cluster_pairs) {
     REQUIRE_SM90();
-    printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_MASKED=%d\n", FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED);
+    printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_MASKED=%d FA3C_FWD_CLUSTER_256=%d\n", FA3C_FWD_CLUSTER,
+           FA3C_FWD_CLUSTER_MASKED, FA3C_FWD_CLUSTER_256);
     const cluster_case cases[] = {
         {BF16, 2, 512, 512, 40, 40, 128, 0, -1, -1, 0.f, "hdim128, more cluster tiles than clusters"},
         {BF16, 1, 1000, 777, 3, 3, 128, 0, -1, -1, 0.f, "hdim128, ragged keys"},
