@@ -24,11 +24,14 @@ typedef struct {
      * cu_seqlens) or a paged KV cache, and only for those (fwd_sm90.cuh, VARLEN). */
     int varlen;
     fa3c_fwd_launcher launch;
+    const int *cluster;   /* the most CTAs per cluster it was built for (fwd_launch.cuh) */
 } fwd_instance;
 
 /* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) {dt, hd, bn, short_keys, 0, fa3c_fwd_sm90_##name},
-#define FA3C_VARLEN_ROW(name, dt, hd) {dt, hd, FA3C_FWD_BLOCK_N(hd), 0, 1, fa3c_fwd_sm90_##name},
+#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) \
+    {dt, hd, bn, short_keys, 0, fa3c_fwd_sm90_##name, &fa3c_fwd_sm90_##name##_cluster},
+#define FA3C_VARLEN_ROW(name, dt, hd) \
+    {dt, hd, FA3C_FWD_BLOCK_N(hd), 0, 1, fa3c_fwd_sm90_##name, &fa3c_fwd_sm90_##name##_cluster},
 static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_bf16_hdim64
     FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
@@ -96,11 +99,11 @@ static const fwd_instance fwd_instances[] = {
 #ifdef FA3C_INST_fp16_hdim256_varlen
     FA3C_VARLEN_ROW(fp16_hdim256_varlen, FA3C_DTYPE_FP16, 256)
 #endif
-    {FA3C_DTYPE_FP32, 0, 0, 0, 0, NULL}};
+    {FA3C_DTYPE_FP32, 0, 0, 0, 0, NULL, NULL}};
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
-    fa3c_fwd_plan_facts f = {0, 0, 0, 0, FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_MASKED};
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0, 1, FA3C_FWD_CLUSTER_MASKED};   /* cluster: the instance's */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -289,10 +292,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_plan_facts facts = device_facts();
     facts.block_m = block_m;
     facts.block_n = block_n;
-    /* The main hdim-256 instances are built with clusters (fwd_tiles.h,
-     * FA3C_FWD_CLUSTER_256; gen_instances.py), the others as FA3C_FWD_CLUSTER says. */
-    if (FA3C_FWD_CLUSTER_256 == 2 && pr->headdim == 256 && !inst->varlen && inst->short_causal_keys == 0)
-        facts.cluster = 2;
+    facts.cluster = *inst->cluster;   /* e.g. the main hdim-256 instances: 2 (fwd_tiles.h, FA3C_FWD_CLUSTER_256) */
     int q_outer, q_rows, kv_outer, kv_rows;
     tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     int pack = fa3c_fwd_plan_pack(pr, block_m);

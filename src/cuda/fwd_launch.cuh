@@ -116,8 +116,12 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
 }
 
 // BLOCK_N: keys per tile (FA3C_FWD_BLOCK_N(D), fwd_tiles.h). VARLEN: 1 for
-// the variable-length instance (p->seqused_k; fwd_sm90.cuh).
+// the variable-length instance (p->seqused_k; fwd_sm90.cuh). NAME_cluster:
+// the most CTAs per cluster this translation unit was built for
+// (FA3C_FWD_CLUSTER here), which backend.c's plan reads, so that plan and
+// kernel agree by construction.
 #define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16, VARLEN)                                      \
     extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \
         return launch_fwd<D, BLOCK_N, FP16, VARLEN>(p, (cudaStream_t)stream);                  \
-    }
+    }                                                                                          \
+    extern "C" const int NAME##_cluster = FA3C_FWD_CLUSTER;

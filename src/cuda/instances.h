@@ -46,7 +46,11 @@ typedef fa3c_status (*fa3c_fwd_launcher)(const fa3c_fwd_kernel_params *p, void *
     X(fp16_hdim192_varlen, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 1) \
     X(fp16_hdim256_varlen, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 1)
 
-#define FA3C_DECLARE_FWD(name, dtype, hdim, block_n, varlen) fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);
+/* Each instance's launcher, and the most CTAs per cluster it was built for
+ * (1, or 2: FA3C_FWD_CLUSTER in its translation unit, fwd_tiles.h). */
+#define FA3C_DECLARE_FWD(name, dtype, hdim, block_n, varlen)                                 \
+    fa3c_status fa3c_fwd_sm90_##name(const fa3c_fwd_kernel_params *p, void *stream);         \
+    extern const int fa3c_fwd_sm90_##name##_cluster;
 FA3C_FWD_INSTANCE_LIST(FA3C_DECLARE_FWD)
 #undef FA3C_DECLARE_FWD
 
