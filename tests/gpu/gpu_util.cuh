@@ -41,6 +41,12 @@ static int gpu_sm90_present(char *why, size_t n) {
         if (!gpu_sm90_present(why_, sizeof why_)) SKIP("GPU test needs an sm_90 GPU: %s", why_); \
     } while (0)
 
+// A pointer into dynamic smem rounded up to 1 KB, the 128-byte swizzle's
+// period (launches ask for 1 KB more than they use).
+static __device__ __forceinline__ uint8_t *align_1024(uint8_t *p) {
+    return (uint8_t *)(((uintptr_t)p + 1023) & ~(uintptr_t)1023);
+}
+
 // Byte offset of element (row, col) of a 16-bit tile of `rows` rows stored as
 // column chunks of 64 elements (128 B rows), each chunk `rows` x 128 B with
 // the 128-byte swizzle: 16-byte unit u of row r lands at u ^ (r % 8).

@@ -17,7 +17,7 @@ enum { ROWS = 128, BOX_BYTES = ROWS * 128 };
 __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap map, int col0, int row0, int head,
                                      int batch, uint8_t *out) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *tile = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *tile = align_1024(smem_raw);
     __shared__ __align__(8) uint64_t full;
     if (threadIdx.x == 0) {
         mbar_init(&full, 1);
@@ -54,7 +54,7 @@ __device__ void store_warpgroup_sum(float warp_sum, float *partial, float *dst) 
 template <int STAGES>
 __global__ void mbarrier_ring_kernel(const __grid_constant__ CUtensorMap map, int ntiles, int seqlen, float *sums) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *tiles = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *tiles = align_1024(smem_raw);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     __shared__ float partial[4];
     if (threadIdx.x == 0) {
@@ -97,7 +97,7 @@ __global__ void __cluster_dims__(2, 1, 1)
     multicast_ring_kernel(const __grid_constant__ CUtensorMap half_map, int ntiles, int seqlen, float *sums,
                           uint8_t *tile0) {
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *tiles = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *tiles = align_1024(smem_raw);
     __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
     __shared__ float partial[4];
     const uint32_t rank = cluster_cta_rank();
@@ -188,7 +188,7 @@ __global__ void paged_boxes_kernel(const __grid_constant__ CUtensorMap pages, co
     typedef TileLayout<D> L;
     enum { TILE = ROWS * D * 2 };
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t *tile = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *tile = align_1024(smem_raw);
     __shared__ __align__(8) uint64_t full;
     if (threadIdx.x == 0) {
         mbar_init(&full, 1);

@@ -8,7 +8,7 @@
 extern __shared__ __align__(1024) uint8_t smem_raw[];
 
 // The dynamic smem's base, aligned to 1 KB (the swizzle's period).
-__device__ uint8_t *smem_base(void) { return (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023); }
+__device__ uint8_t *smem_base(void) { return align_1024(smem_raw); }
 
 // A and B (64 x 128 each) into smem with the 128-byte swizzle, by plain
 // stores, visible to wgmma: sa at the aligned base, sb 16 KB on.
