@@ -6,6 +6,9 @@
 #   bash tools/gpu_check.sh [quick|full]   (quick: fewer benchmark shapes)
 # EXTRA_FLAGS="-DKNOB=V ...": compile-time knobs (src/cuda/fwd_tiles.h) for
 # both builds, to test an experiment's correctness before it becomes a default.
+# A short call: GPU_TEST_REGEX (ctest -R: only those GPU tests),
+# SANITIZER_CASES="case ..." (only those), FWD_BENCH=0 (decode timings only),
+# SKIP_PY=1, SKIP_PEERS=1.
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-$PWD/gpu-out}
@@ -42,7 +45,8 @@ if command -v cuobjdump >/dev/null && [ -n "$obj" ]; then
 fi
 
 # 3. GPU tests (step tests first: wgmma, TMA, mbarrier ring; then the forward suite).
-(cd build-gpu-debug && timeout 420 ctest -L gpu --output-on-failure --timeout 180 -j1) >"$OUT/gpu_tests.log" 2>&1
+(cd build-gpu-debug && timeout 420 ctest -L gpu ${GPU_TEST_REGEX:+-R "$GPU_TEST_REGEX"} --output-on-failure --timeout 180 -j1) \
+  >"$OUT/gpu_tests.log" 2>&1
 note "GPU tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)"
 grep -E "Failed|\*\*\*|FAIL" "$OUT/gpu_tests.log" | head -20
 grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null | head -80 >"$OUT/fwd_errors.log"
@@ -55,6 +59,7 @@ if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small fwd_packed_sequences_small"
     [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
+    cases=${SANITIZER_CASES:-$cases}   # a short call: only the cases a change touches
     for case in $cases; do
       timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1
       note "compute-sanitizer $tool $case: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${tool}_$case.log" | tail -1)"
@@ -80,15 +85,20 @@ if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
 fi
 
 # 7. Benchmark: fa3c alone (C, CUDA events), then fa3c and the peers in one process if bench/bench.py exists.
-timeout 300 build-gpu/bench_fwd_gpu $([ "$MODE" = quick ] && echo --quick) --csv "$OUT/bench_fwd_gpu.csv" >"$OUT/bench_fwd_gpu.log" 2>&1
-note "bench_fwd_gpu rc=$?"
+# FWD_BENCH=0: skip the prefill shapes (a short call that only times decode).
+if [ "${FWD_BENCH:-1}" = 1 ]; then
+  timeout 300 build-gpu/bench_fwd_gpu $([ "$MODE" = quick ] && echo --quick) --csv "$OUT/bench_fwd_gpu.csv" >"$OUT/bench_fwd_gpu.log" 2>&1
+  note "bench_fwd_gpu rc=$?"
+fi
 # The same shapes through the variable-length kernels (seqused_k = seqlen_k: the same work).
 if [ "${SEQUSED_BENCH:-1}" = 1 ]; then
-  timeout 300 build-gpu/bench_fwd_gpu --quick --seqused --csv "$OUT/bench_fwd_gpu_seqused.csv" \
-    >"$OUT/bench_fwd_gpu_seqused.log" 2>&1
-  note "bench_fwd_gpu --seqused rc=$?"
-  { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; } \
-    >>"$OUT/bench_fwd_gpu.log"
+  if [ "${FWD_BENCH:-1}" = 1 ]; then
+    timeout 300 build-gpu/bench_fwd_gpu --quick --seqused --csv "$OUT/bench_fwd_gpu_seqused.csv" \
+      >"$OUT/bench_fwd_gpu_seqused.log" 2>&1
+    note "bench_fwd_gpu --seqused rc=$?"
+    { echo; echo "==== the same through the variable-length kernels (--seqused)"; cat "$OUT/bench_fwd_gpu_seqused.log"; } \
+      >>"$OUT/bench_fwd_gpu.log"
+  fi
   # Decode from a contiguous cache and from paged ones (pages of 64, 16 and 1 key): the cost of pages.
   for ps in 0 64 16 1; do
     { echo; echo "==== decode, $([ $ps = 0 ] && echo "contiguous cache (seqused_k)" || echo "pages of $ps keys")"; } \

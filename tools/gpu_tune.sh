@@ -43,8 +43,11 @@ for i in "${!pids[@]}"; do
 done
 for round in $(seq 1 "${TUNE_ROUNDS:-3}"); do
   for name in "${names[@]}"; do
-    timeout 120 "build-tune-$name/bench_fwd_gpu" --quick ${TUNE_BENCH_ARGS:-} --csv "$T/${name}_r$round.csv" >/dev/null 2>&1 ||
-      echo "variant $name round $round: bench failed"
+    timeout 120 "build-tune-$name/bench_fwd_gpu" --quick ${TUNE_BENCH_ARGS:-} --csv "$T/${name}_r$round.csv" \
+      >"$T/${name}_r$round.log" 2>&1 || echo "variant $name round $round: bench failed"
+    # A shape the variant could not run prints its error instead of a row: say so, not an empty table.
+    [ "$(wc -l <"$T/${name}_r$round.csv" 2>/dev/null || echo 0)" -gt 1 ] ||
+      { echo "variant $name round $round: no timings; the bench said:"; head -5 "$T/${name}_r$round.log"; }
   done
 done
 python3 - "$T" "${names[@]}" <<'PY' | tee "$OUT/tune_summary.txt"

@@ -311,6 +311,17 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)))
         return s;
+    /* Pages whose boxes would be a few rows: cp.async copies instead, in the
+     * head dims whose key rows are 8, 16 or 32 units of 16 bytes (fwd_params.h). */
+    if (pr->page_table && k.page_rows < FA3C_FWD_PAGED_COPY_BELOW && 32 % (pr->headdim / 8) == 0) {
+        k.k_data = p->k.data;
+        k.v_data = p->v.data;
+        k.num_pages = pr->num_pages;
+        for (int i = 0; i < 3; i++) {
+            k.k_stride[i] = p->k.stride[i];
+            k.v_stride[i] = p->v.stride[i];
+        }
+    }
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];

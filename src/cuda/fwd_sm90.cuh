@@ -220,52 +220,140 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
 // 8), so boxes that start inside an 8-row swizzle atom (pages of fewer than
 // 8 keys, or of 12, 20, ...) land where one box of the same rows would put
 // them; the step test tma_paged_boxes_and_zeroed_rows checks boxes of 1 to
-// 14 rows and larger ones against one box (it passes on the H200, run 80). Small
-// pages mean many boxes: their table entries are loaded LOOKUPS at a time,
-// so that one load latency covers several boxes. The boxes wholly past the
-// sequence's last key are not loaded: their page table entries need not be
-// valid, their K rows are masked and their V rows zeroed (v_guard). Arrives
-// on `bar` expecting the bytes loaded.
+// 14 rows and larger ones against one box (it passes on the H200, run 80).
+// Small pages mean many boxes: the producer warp's lanes share them, lane i
+// taking boxes i, i + 32, ..., so that one page-table load latency covers up
+// to 32 boxes and the TMA issues are not one thread's loop. The boxes wholly
+// past the sequence's last key are not loaded: their page table entries need
+// not be valid, their K rows are masked and their V rows zeroed (v_guard).
+
+// Where box `box` of key block n lies: page (the cache's batch index) and
+// row in it. Past the last box: the last box's (a valid entry).
+struct PagedBox {
+    int page, row;
+};
+template <int BLOCK_N>
+FA3C_DEVICE int paged_boxes(const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
+    const int rows = min(BLOCK_N, t.seqlen_k - n * BLOCK_N);   // >= 1 (v_guard)
+    return (rows + p.page_rows - 1) / p.page_rows;
+}
+template <int BLOCK_N>
+FA3C_DEVICE PagedBox paged_box(const fa3c_fwd_kernel_params &p, const FwdTile &t, int n, int box) {
+    const int key = n * BLOCK_N + min(box, paged_boxes<BLOCK_N>(p, t, n) - 1) * p.page_rows;
+    const int page_index = fa3c_div(key, p.div_page_size);
+    PagedBox b = {p.page_table[t.batch * p.page_table_stride + page_index], key - page_index * p.div_page_size.d};
+    return b;
+}
+
+// K or V of key block n into a slot, from its pages. `mine` is this lane's
+// first box (box = lane), looked up once for K and V before their slot
+// waits (producer), so that the lookup's latency passes under them; the
+// lane's further boxes (pages of fewer than BLOCK_N / 32 keys) are looked up
+// here. Lane 0 arrives on `bar` expecting the bytes loaded.
 template <int D, int BLOCK_N>
 FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, const fa3c_fwd_kernel_params &p,
-                               const FwdTile &t, int n) {
+                               const FwdTile &t, int n, PagedBox mine) {
     typedef TileLayout<D> L;
-    enum { LOOKUPS = 4 };
-    const int key0 = n * BLOCK_N, rows = min(BLOCK_N, t.seqlen_k - key0);   // >= 1 (v_guard)
-    const int boxes = (rows + p.page_rows - 1) / p.page_rows;
-    mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
-    const int *table = p.page_table + t.batch * p.page_table_stride;
+    const int lane = threadIdx.x % 32, boxes = paged_boxes<BLOCK_N>(p, t, n);
+    if (lane == 0) mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
+    __syncwarp();   // the bytes are expected before any box can land
 #pragma unroll 1
-    for (int i0 = 0; i0 < boxes; i0 += LOOKUPS) {
-        int page[LOOKUPS], row[LOOKUPS];
+    for (int box = lane; box < boxes; box += 32) {
+        const PagedBox b = box == lane ? mine : paged_box<BLOCK_N>(p, t, n, box);
 #pragma unroll
-        for (int j = 0; j < LOOKUPS; j++) {   // past the last box: its entry again (a valid one)
-            const int key = key0 + min(i0 + j, boxes - 1) * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
-            page[j] = table[page_index];
-            row[j] = key - page_index * p.div_page_size.d;
-        }
-#pragma unroll
-        for (int j = 0; j < LOOKUPS; j++) {
-            if (i0 + j >= boxes) break;
-#pragma unroll
-            for (int c = 0; c < D / L::CHUNK; c++)
-                tma_load_4d(dst + (c * BLOCK_N + (i0 + j) * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row[j],
-                            t.head_kv, page[j]);
+        for (int c = 0; c < D / L::CHUNK; c++)
+            tma_load_4d(dst + (c * BLOCK_N + box * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, b.row,
+                        t.head_kv, b.page);
+    }
+}
+
+// Whether copy_paged_kv serves head dim D: its 16-byte units per key row
+// divide the warp (64, 128, 256; backend.c sets p.k_data for those only),
+// and the build has it (FA3C_FWD_PAGED_COPY_BELOW > 0, fwd_tiles.h).
+template <int D>
+constexpr bool paged_copy_fits() {
+    return FA3C_FWD_PAGED_COPY_BELOW > 0 && D * 2 / 16 <= 32 && 32 % (D * 2 / 16) == 0;
+}
+
+// Whether the variable-length instance copies K and V with cp.async in
+// its kv_copier warp (small pages, fwd_params.h k_data) instead of the
+// producer's TMA loads.
+template <int D, bool VARLEN>
+FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
+    return VARLEN && paged_copy_fits<D>() && p.k_data;
+}
+
+// Paged K or V of key block n copied with cp.async (p.k_data: pages whose
+// boxes would be a few rows, where TMA runs at one box per ~80 cycles),
+// for head dims whose 16-byte units per key row (UNITS) divide 32: each
+// pass of the copier warp copies 32 / UNITS whole rows. Lane j looks up
+// the page of row 32 i + j of round i and hands it to the lanes copying that
+// row. Each unit lands where TMA would put it: the chunk's row, its 16-byte
+// column swizzled by the smem address, as TMA's 128-byte swizzle does
+// (load_paged_kv). Rows past the sequence's last key are not copied
+// (v_guard, masks); a page index outside the cache copies zeros (as TMA's
+// bounds would), never reads outside it. Returns once the lane's copies
+// are issued; produce_kv_copied waits for them.
+template <int D, int BLOCK_N, bool IS_V>
+FA3C_DEVICE void copy_paged_kv(uint8_t *dst, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
+    typedef TileLayout<D> L;
+    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS };
+    static_assert(32 % UNITS == 0, "copy_paged_kv: a key row's units must divide the warp");
+    const int lane = threadIdx.x % 32, first_row = n * BLOCK_N;
+    const int rows = min(BLOCK_N, t.seqlen_k - first_row);   // >= 1 (v_guard)
+    const uint32_t base = smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
+#pragma unroll 1
+    for (int r0 = 0; r0 < rows; r0 += 32) {
+        // Lane j: the page of row r0 + j, and the row in it (past the end: the last row's).
+        const int key = first_row + min(r0 + lane, rows - 1), page_index = fa3c_div(key, p.div_page_size);
+        const int page = p.page_table[t.batch * p.page_table_stride + page_index];
+        const int in_page = key - page_index * p.div_page_size.d;
+#pragma unroll 1
+        for (int rr = lane / UNITS; rr < 32; rr += PASS_ROWS) {
+            const int row_page = __shfl_sync(~0u, page, rr), row_in_page = __shfl_sync(~0u, in_page, rr);
+            const int row = r0 + rr;
+            if (row < rows) {
+                const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
+                const bool valid = row_page >= 0 && row_page < p.num_pages;
+                const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 +
+                                     (valid ? ((int64_t)row_page * stride[0] + (int64_t)row_in_page * stride[1] +
+                                               (int64_t)t.head_kv * stride[2]) * 2
+                                            : 0);
+                uint32_t addr = base + row * L::ROW_BYTES;
+                addr ^= ((addr >> 7) & (ROW_UNITS - 1)) << 4;   // TMA's swizzle, by address
+                cp_async_16(addr, src, valid);
+            }
         }
     }
+}
+
+// Whether this thread of the producer issues its single-thread operations
+// (barrier arrivals, Q and unpaged K/V loads). The producer is thread 0, or
+// in the variable-length instances warp 0, whose lanes share the paged K/V
+// boxes (load_paged_kv) and walk the same loop; lane 0 issues the rest.
+template <bool VARLEN>
+FA3C_DEVICE bool producer_issuer(void) {
+    return !VARLEN || threadIdx.x % 32 == 0;
+}
+
+// A value every lane of the producer agrees on: lane 0's (VARLEN, a warp).
+template <bool VARLEN>
+FA3C_DEVICE uint32_t producer_uniform(uint32_t v) {
+    return VARLEN ? __shfl_sync(~0u, v, 0) : v;
 }
 
 // K of key block n into the slot of ring index r, once the slot is free.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
-                           int n) {
+                           int n, PagedBox mine) {
     int s = stage_of(r, STAGES);
     mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
     if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n);
+        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n, mine);
         return;
     }
+    if (!producer_issuer<VARLEN>()) return;
     mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
     if (VARLEN && p.cu_seqlens_k)   // packed keys: from the sequence's first token, blocks from key0
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
@@ -274,26 +362,59 @@ FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
-// V of key block n into the slot of ring index r. `first_of_tile`: with O
+// Wait until the V slot of ring index r is free. `first_of_tile`: with O
 // staged in the V ring, the previous tile's O stores must have read it.
-template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
-FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
-                           int n, bool first_of_tile, int tile_count) {
-    int s = stage_of(r, STAGES);
-    mbar_wait_parity(&sm.v_empty[s], phase_of(r, STAGES) ^ 1);
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void wait_v_slot(FwdSmem<D, BLOCK_N, STAGES> &sm, int r, bool first_of_tile, int tile_count) {
+    mbar_wait_parity(&sm.v_empty[stage_of(r, STAGES)], phase_of(r, STAGES) ^ 1);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && first_of_tile && tile_count > 0)
         mbar_wait_parity(&sm.o_free, (uint32_t)(tile_count - 1) & 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
+}
+
+// V of key block n into the slot of ring index r, once it is free (wait_v_slot).
+template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
+FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
+                           int n, bool first_of_tile, int tile_count, PagedBox mine) {
+    int s = stage_of(r, STAGES);
+    wait_v_slot(sm, r, first_of_tile, tile_count);
     if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n);
+        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n, mine);
         return;
     }
+    if (!producer_issuer<VARLEN>()) return;
     mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
     if (VARLEN && p.cu_seqlens_k)
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
                                          0);
     else
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+}
+
+// K and V of key block n copied with cp.async (copy_paged_kv), once their
+// slots are free. The copies are plain (generic proxy) smem writes and
+// wgmma reads through the async proxy: each lane waits for its own copies
+// and fences the proxies before lane 0 arrives on k_full and v_full (count
+// 1 each; no bytes expected). So K and V of one block are in flight at a
+// time; the ring's other slots are the consumers'.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void produce_kv_copied(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                                   int r, int n, bool first_of_tile, int tile_count) {
+    const int s = stage_of(r, STAGES);
+    mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
+    trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
+    fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes (hardening)
+    copy_paged_kv<D, BLOCK_N, false>(sm.k[s], p, t, n);
+    wait_v_slot(sm, r, first_of_tile, tile_count);
+    fence_proxy_async_smem();
+    copy_paged_kv<D, BLOCK_N, true>(sm.v[s], p, t, n);
+    cp_async_wait_all();
+    fence_proxy_async_smem();   // the copies, before wgmma (the async proxy) reads them
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+        mbar_arrive(&sm.k_full[s]);
+        mbar_arrive(&sm.v_full[s]);
+    }
 }
 
 // Q in registers (FA3C_FWD_Q_IN_REGS): hdim 128 (2 consumers with 240
@@ -309,6 +430,7 @@ template <int D, int BLOCK_N, int STAGES, bool VARLEN>
 FA3C_DEVICE void produce_q(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
                            int use) {
     mbar_wait_parity(&sm.q_empty, q_phase_of(use) ^ 1);   // a fresh barrier passes parity 1 at once
+    if (!producer_issuer<VARLEN>()) return;
     mbar_arrive_expect_tx(&sm.q_full, FA3C_FWD_BLOCK_M(D) * D * 2);
     load_q_tile<D, VARLEN>(sm.q, p, &sm.q_full, t);
 }
@@ -323,13 +445,15 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
     return !tile_is_empty(next);
 }
 
-// One thread streams, for every tile of this CTA, Q once and K, V per key
-// block through the ring. `ring` counts key blocks over all tiles: it fixes
-// slot and parity. Q is loaded when the consumers are done with the last
-// one: at the tile's start, or (FA3C_FWD_EARLY_Q, Q in registers) during
-// the tile before, after the first of its key blocks at which the Q buffer
-// is already free (the producer never waits for it there: that would hold
-// back the K and V it streams ahead, which short tiles need).
+// The producer (one thread, or a warp: producer_issuer) streams, for every
+// tile of this CTA, Q once and K, V per key block through the ring. `ring`
+// counts key blocks over all tiles: it fixes slot and parity. Q is loaded
+// when the consumers are done with the last one: at the tile's start, or
+// (FA3C_FWD_EARLY_Q, Q in registers) during the tile before, after the first
+// of its key blocks at which the Q buffer is already free (the producer
+// never waits for it there: that would hold back the K and V it streams
+// ahead, which short tiles need). With small pages (kv_copied) the
+// kv_copier warp streams K and V, and the producer only Q.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
@@ -343,12 +467,17 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, q_uses++);
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-            produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
-            produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            if (!kv_copied<D, VARLEN>(p)) {   // else kv_copier's
+                PagedBox mine = {0, 0};   // paged KV: this lane's first box of block n, for K and V
+                if (VARLEN && p.page_table) mine = paged_box<BLOCK_N>(p, t, n, threadIdx.x % 32);
+                produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, mine);
+                produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count, mine);
+            }
             // The next tile is looked up here, not kept: the producer's 24
             // registers would spill it.
             FwdTile next;
-            if (EARLY_Q && !q_loaded && mbar_test_wait_parity(&sm.q_empty, q_phase_of(q_uses) ^ 1) &&
+            if (EARLY_Q && !q_loaded &&
+                producer_uniform<VARLEN>(mbar_test_wait_parity(&sm.q_empty, q_phase_of(q_uses) ^ 1)) &&
                 next_tile_of<D, BLOCK_N, VARLEN>(p, step, next)) {
                 produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, next, q_uses++);
                 q_loaded = true;
@@ -403,6 +532,26 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
                 fence_proxy_async_smem();   // the zeros, before P·V (wgmma: the async proxy) reads them
             }
             mbar_arrive(&sm.v_ready[s]);   // every lane: each one's zeros are released by its own arrival
+        }
+    }
+}
+
+// The variable-length instances' third producer warp, for small pages
+// (kv_copied): it walks the producer's key blocks and copies each one's K
+// and V with cp.async (produce_kv_copied) while the producer loads only Q.
+// A warp of its own: in the producer's 40 registers the copies spilled.
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
+    if constexpr (paged_copy_fits<D>()) {
+        if (!kv_copied<D, true>(p)) return;
+        int ring = 0, tiles = 0;
+        for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
+            if (tile == SKIP_STEP) continue;
+            const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
+            if (tile_is_empty(t)) continue;
+            const int tile_count = tiles++;   // as the producer counts them (o_free)
+            for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++)
+                produce_kv_copied<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
         }
     }
 }
@@ -1182,11 +1331,13 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         reg_dealloc<RegBudget<D, VARLEN>::PRODUCER>();
         // In a cluster (p.cluster = 2) the producer is a copy of its own: a
         // run-time branch per load spilled the 24-register producer.
-        if (threadIdx.x == 0) {
+        if (threadIdx.x < (VARLEN ? 32 : 1)) {   // producer_issuer
             if (cluster_size(p) > 1) producer<D, BLOCK_N, STAGES, true, VARLEN>(p, sm);
             else producer<D, BLOCK_N, STAGES, false, VARLEN>(p, sm);
         } else if (VARLEN && threadIdx.x / 32 == 1) {
             v_guard<D, BLOCK_N, STAGES>(p, sm);
+        } else if (VARLEN && threadIdx.x / 32 == 2) {
+            kv_copier<D, BLOCK_N, STAGES>(p, sm);
         }
     } else {
         reg_alloc<RegBudget<D, VARLEN>::CONSUMER>();

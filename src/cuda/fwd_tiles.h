@@ -281,4 +281,14 @@
  * (64 B rows, 64B swizzle; hdim 96). */
 #define FA3C_FWD_CHUNK_COLS(D) ((D) % 64 == 0 ? 64 : 32)
 
+/* Paged KV caches whose TMA boxes would hold fewer rows than this are
+ * copied with cp.async instead (fwd_params.h, k_data; fwd_sm90.cuh,
+ * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
+ * compiled out. Off until it has run on a GPU (written when no device was
+ * left, 2026-12-05): test it with EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8
+ * tools/gpu_check.sh, then make 8 the default. */
+#ifndef FA3C_FWD_PAGED_COPY_BELOW
+#define FA3C_FWD_PAGED_COPY_BELOW 0
+#endif
+
 #endif

@@ -259,6 +259,20 @@ FA3C_DEVICE void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
 }
 
+// ---- cp.async: 16-byte copies global -> shared (PTX ISA 9.7.9.8) ------------
+
+// Copy 16 bytes (both addresses 16-byte aligned), past the L1 (.cg); with
+// `valid` false read nothing and write 16 zero bytes (src-size 0).
+FA3C_DEVICE void cp_async_16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Wait until this thread's cp.async copies have landed in smem.
+FA3C_DEVICE void cp_async_wait_all(void) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 // Keep the compiler from moving accumulator accesses across fences/waits.
 FA3C_DEVICE void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
 FA3C_DEVICE void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }

@@ -48,10 +48,12 @@ enum { TR_NO_BLOCK = FA3C_TRACE_BLOCKS };   // a ring index trace() ignores (til
 __device__ unsigned long long fa3c_trace_stamps[FA3C_TRACE_CTAS * FA3C_TRACE_ROLES * FA3C_TRACE_BLOCKS * TR_EVENTS];
 #endif
 
-// Stamp `event` of key block `ring` for `role`, from the role's first thread.
+// Stamp `event` of key block `ring` for `role`, from the role's first thread
+// (a consumer warpgroup's; for the producer role the first lane of the warp
+// stamping: the producer, thread 0 or warp 0, or the kv_copier warp).
 FA3C_DEVICE void trace(int role, int ring, int event) {
 #if FA3C_FWD_TRACE
-    bool leader = role == FA3C_TRACE_PRODUCER || threadIdx.x % 128 == 0;
+    bool leader = role == FA3C_TRACE_PRODUCER ? threadIdx.x % 32 == 0 : threadIdx.x % 128 == 0;
     if (leader && blockIdx.x < FA3C_TRACE_CTAS && ring < FA3C_TRACE_BLOCKS)
         fa3c_trace_stamps[((blockIdx.x * FA3C_TRACE_ROLES + role) * FA3C_TRACE_BLOCKS + ring) * TR_EVENTS + event] =
             clock64();

@@ -915,7 +915,9 @@ TEST(fwd_paged_kv) {
     run_case("hdim256, pages of 40", paged_case(used_case(base_case(BF16, 2, 64, 400, 2, 256), 399, 121, 0, 0), 40));
     run_case("hdim192, pages of 56", paged_case(used_case(causal_case(BF16, 2, 64, 400, 2, 192), 400, 57, 0, 0), 56));
     // Boxes that start inside a swizzle atom: pages of 1 (SGLang's default), 3, 12 and 17 keys (boxes of
-    // 1 or 4 rows), and hdim 96's 64-byte rows with even pages (boxes of 2).
+    // 1 or 4 rows), and hdim 96's 64-byte rows with even pages (boxes of 2). With
+    // FA3C_FWD_PAGED_COPY_BELOW=8 boxes under 8 rows are cp.async copies for hdim 64, 128 and 256 (the
+    // first three cases and the last; fwd_params.h, k_data), TMA boxes for hdim 96 and 192.
     c = used_case(base_case(BF16, 3, 1, 700, 16, 128), 700, 313, 1, 0);
     c.heads_kv = 2;
     run_case("decode gqa 8, pages of 1", paged_case(c, 1));
@@ -923,6 +925,10 @@ TEST(fwd_paged_kv) {
     run_case("hdim256, pages of 12", paged_case(used_case(base_case(FP16, 2, 64, 300, 2, 256), 299, 13, 0, 0), 12));
     run_case("hdim192 causal, pages of 17", paged_case(used_case(causal_case(BF16, 2, 50, 300, 2, 192), 300, 18, 0, 0), 17));
     run_case("hdim96, pages of 6", paged_case(used_case(base_case(BF16, 2, 33, 250, 2, 96), 250, 7, 0, 0), 6));
+    // 8 x 10 x 2 = 160 tiles: CTAs take several, so the copier waits for the last tile's O stores to read
+    // the V slot hdim 256 stages O in (o_free).
+    run_case("hdim256 causal, pages of 1, 160 tiles",
+             paged_case(used_case(causal_case(BF16, 8, 256, 300, 10, 256), 300, 161, 256, 1), 1));
 }
 
 // Small enough for compute-sanitizer (tools/gpu_check.sh).
@@ -930,6 +936,8 @@ TEST(fwd_paged_kv_small) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
     run_case("small paged hdim128", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 16));
+    // Pages of 1: one-row TMA boxes, or with FA3C_FWD_PAGED_COPY_BELOW > 0 cp.async copies (kv_copier).
+    run_case("small paged hdim128, pages of 1", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 1));
 }
 
 // Packed sequences (cu_seqlens): q and out (and k, v when keys are packed)
