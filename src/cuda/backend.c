@@ -313,7 +313,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         return s;
     /* Pages whose boxes would be a few rows: cp.async copies instead, in the
      * head dims whose key rows are 8, 16 or 32 units of 16 bytes (fwd_params.h). */
-    if (pr->page_table && k.page_rows < FA3C_FWD_PAGED_COPY_BELOW && 32 % (pr->headdim / 8) == 0) {
+    if (pr->page_table && k.page_rows < FA3C_FWD_PAGED_COPY_BELOW && FA3C_FWD_PAGED_COPY_FITS(pr->headdim)) {
         k.k_data = p->k.data;
         k.v_data = p->v.data;
         k.num_pages = pr->num_pages;

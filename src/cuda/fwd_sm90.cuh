@@ -226,53 +226,33 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
 // to 32 boxes and the TMA issues are not one thread's loop. The boxes wholly
 // past the sequence's last key are not loaded: their page table entries need
 // not be valid, their K rows are masked and their V rows zeroed (v_guard).
-
-// Where box `box` of key block n lies: page (the cache's batch index) and
-// row in it. Past the last box: the last box's (a valid entry).
-struct PagedBox {
-    int page, row;
-};
-template <int BLOCK_N>
-FA3C_DEVICE int paged_boxes(const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
-    const int rows = min(BLOCK_N, t.seqlen_k - n * BLOCK_N);   // >= 1 (v_guard)
-    return (rows + p.page_rows - 1) / p.page_rows;
-}
-template <int BLOCK_N>
-FA3C_DEVICE PagedBox paged_box(const fa3c_fwd_kernel_params &p, const FwdTile &t, int n, int box) {
-    const int key = n * BLOCK_N + min(box, paged_boxes<BLOCK_N>(p, t, n) - 1) * p.page_rows;
-    const int page_index = fa3c_div(key, p.div_page_size);
-    PagedBox b = {p.page_table[t.batch * p.page_table_stride + page_index], key - page_index * p.div_page_size.d};
-    return b;
-}
-
-// K or V of key block n into a slot, from its pages. `mine` is this lane's
-// first box (box = lane), looked up once for K and V before their slot
-// waits (producer), so that the lookup's latency passes under them; the
-// lane's further boxes (pages of fewer than BLOCK_N / 32 keys) are looked up
-// here. Lane 0 arrives on `bar` expecting the bytes loaded.
+// Lane 0 arrives on `bar` expecting the bytes loaded.
 template <int D, int BLOCK_N>
 FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, const fa3c_fwd_kernel_params &p,
-                               const FwdTile &t, int n, PagedBox mine) {
+                               const FwdTile &t, int n) {
     typedef TileLayout<D> L;
-    const int lane = threadIdx.x % 32, boxes = paged_boxes<BLOCK_N>(p, t, n);
+    const int lane = threadIdx.x % 32;
+    const int key0 = n * BLOCK_N, rows = min(BLOCK_N, t.seqlen_k - key0);   // >= 1 (v_guard)
+    const int boxes = (rows + p.page_rows - 1) / p.page_rows;
     if (lane == 0) mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
     __syncwarp();   // the bytes are expected before any box can land
+    const int *table = p.page_table + t.batch * p.page_table_stride;
 #pragma unroll 1
     for (int box = lane; box < boxes; box += 32) {
-        const PagedBox b = box == lane ? mine : paged_box<BLOCK_N>(p, t, n, box);
+        const int key = key0 + box * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
+        const int page = table[page_index], row = key - page_index * p.div_page_size.d;
 #pragma unroll
         for (int c = 0; c < D / L::CHUNK; c++)
-            tma_load_4d(dst + (c * BLOCK_N + box * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, b.row,
-                        t.head_kv, b.page);
+            tma_load_4d(dst + (c * BLOCK_N + box * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row, t.head_kv,
+                        page);
     }
 }
 
-// Whether copy_paged_kv serves head dim D: its 16-byte units per key row
-// divide the warp (64, 128, 256; backend.c sets p.k_data for those only),
-// and the build has it (FA3C_FWD_PAGED_COPY_BELOW > 0, fwd_tiles.h).
+// Whether copy_paged_kv serves head dim D (fwd_tiles.h; backend.c sets
+// p.k_data for those only).
 template <int D>
 constexpr bool paged_copy_fits() {
-    return FA3C_FWD_PAGED_COPY_BELOW > 0 && D * 2 / 16 <= 32 && 32 % (D * 2 / 16) == 0;
+    return FA3C_FWD_PAGED_COPY_FITS(D);
 }
 
 // Whether the variable-length instance copies K and V with cp.async in
@@ -345,12 +325,12 @@ FA3C_DEVICE uint32_t producer_uniform(uint32_t v) {
 // K of key block n into the slot of ring index r, once the slot is free.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
-                           int n, PagedBox mine) {
+                           int n) {
     int s = stage_of(r, STAGES);
     mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
     if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n, mine);
+        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n);
         return;
     }
     if (!producer_issuer<VARLEN>()) return;
@@ -375,11 +355,11 @@ FA3C_DEVICE void wait_v_slot(FwdSmem<D, BLOCK_N, STAGES> &sm, int r, bool first_
 // V of key block n into the slot of ring index r, once it is free (wait_v_slot).
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
-                           int n, bool first_of_tile, int tile_count, PagedBox mine) {
+                           int n, bool first_of_tile, int tile_count) {
     int s = stage_of(r, STAGES);
     wait_v_slot(sm, r, first_of_tile, tile_count);
     if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n, mine);
+        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n);
         return;
     }
     if (!producer_issuer<VARLEN>()) return;
@@ -468,10 +448,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             if (!kv_copied<D, VARLEN>(p)) {   // else kv_copier's
-                PagedBox mine = {0, 0};   // paged KV: this lane's first box of block n, for K and V
-                if (VARLEN && p.page_table) mine = paged_box<BLOCK_N>(p, t, n, threadIdx.x % 32);
-                produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, mine);
-                produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count, mine);
+                produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
+                produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
             }
             // The next tile is looked up here, not kept: the producer's 24
             // registers would spill it.

@@ -290,5 +290,8 @@
 #ifndef FA3C_FWD_PAGED_COPY_BELOW
 #define FA3C_FWD_PAGED_COPY_BELOW 0
 #endif
+/* Head dims the copier serves: a key row's 16-byte units (D / 8) divide the
+ * warp, so each pass copies whole rows (64, 128, 256). */
+#define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && 32 % ((D) / 8) == 0)
 
 #endif
