@@ -103,8 +103,9 @@ typedef struct fa3c_fwd_kernel_params {
     /* Paged KV whose boxes would be under FA3C_FWD_PAGED_COPY_BELOW rows
      * (pages of 1 key, ...; head dims of 128-byte chunk rows): K and V are
      * copied with cp.async, 16 bytes per lane (fwd_sm90.cuh, copy_paged_kv),
-     * from k_data / v_data with strides in elements (page, row, head); NULL =
-     * TMA boxes (page_rows). One TMA box per key row ran at ~80 cycles per box
+     * from k_data / v_data with strides in elements (page, row, head: pages
+     * are page_size rows apart, and key rows are found as rows of the whole
+     * cache); NULL = TMA boxes (page_rows). One TMA box per key row ran at ~80 cycles per box
      * (run 86). */
     const void *k_data, *v_data;
     int64_t k_stride[3], v_stride[3];

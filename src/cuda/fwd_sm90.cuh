@@ -263,45 +263,53 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
     return VARLEN && paged_copy_fits<D>() && p.k_data;
 }
 
-// Paged K or V of key block n copied with cp.async (p.k_data: pages whose
-// boxes would be a few rows, where TMA runs at one box per ~80 cycles),
-// for head dims whose 16-byte units per key row (UNITS) divide 32: each
-// pass of the copier warp copies 32 / UNITS whole rows. Lane j looks up
-// the page of row 32 i + j of round i and hands it to the lanes copying that
-// row. Each unit lands where TMA would put it: the chunk's row, its 16-byte
-// column swizzled by the smem address, as TMA's 128-byte swizzle does
-// (load_paged_kv). Rows past the sequence's last key are not copied
+// Paged K or V of key block n copied with cp.async into the slot at dst
+// (p.k_data: pages whose boxes would be a few rows, where TMA runs at one
+// box per ~80 cycles), for head dims whose 16-byte units per key row
+// (UNITS) divide 32: each pass of the copier warp copies 32 / UNITS whole
+// rows. First lane j looks up the pages of rows j, 32 + j, ... (one latency
+// for the tile; V's lookups hit the L1 after K's) as rows of the whole
+// cache; each pass then takes its rows' places from the lanes that looked
+// them up. Each unit lands where TMA would put it: the chunk's row, its
+// 16-byte column swizzled by the smem address, as TMA's 128-byte swizzle
+// does (load_paged_kv). Rows past the sequence's last key are not copied
 // (v_guard, masks); a page index outside the cache copies zeros (as TMA's
-// bounds would), never reads outside it. Returns once the lane's copies
-// are issued; produce_kv_copied waits for them.
+// bounds would), never reads outside it. Returns once the lane's copies are
+// issued (kv_copier commits and waits for them).
 template <int D, int BLOCK_N, bool IS_V>
 FA3C_DEVICE void copy_paged_kv(uint8_t *dst, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
     typedef TileLayout<D> L;
-    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS };
+    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS, ROUNDS = (BLOCK_N + 31) / 32 };
     static_assert(32 % UNITS == 0, "copy_paged_kv: a key row's units must divide the warp");
     const int lane = threadIdx.x % 32, first_row = n * BLOCK_N;
     const int rows = min(BLOCK_N, t.seqlen_k - first_row);   // >= 1 (v_guard)
-    const uint32_t base = smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
-#pragma unroll 1
-    for (int r0 = 0; r0 < rows; r0 += 32) {
-        // Lane j: the page of row r0 + j, and the row in it (past the end: the last row's).
-        const int key = first_row + min(r0 + lane, rows - 1), page_index = fa3c_div(key, p.div_page_size);
+    // Lane j: the cache rows (page * page_size + row in the page: pages are
+    // page_size rows apart, backend.c) of key rows j, 32 + j, ... of the block
+    // (past the end: the last one's), -1 for a page outside the cache.
+    int cache_row[ROUNDS];
+#pragma unroll
+    for (int i = 0; i < ROUNDS; i++) {
+        const int key = first_row + min(32 * i + lane, rows - 1), page_index = fa3c_div(key, p.div_page_size);
         const int page = p.page_table[t.batch * p.page_table_stride + page_index];
-        const int in_page = key - page_index * p.div_page_size.d;
-#pragma unroll 1
+        cache_row[i] = page >= 0 && page < p.num_pages ? key + (page - page_index) * p.div_page_size.d : -1;
+    }
+    // This lane's unit of a row: its smem address in the slot, and its source column.
+    const uint32_t unit = smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
+    const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
+    const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 + t.head_kv * stride[2] * 2;
+    const int row_bytes = (int)stride[1] * 2;   // 32 bits: backend.c
+#pragma unroll
+    for (int i = 0; i < ROUNDS; i++) {
+        if (32 * i >= rows) break;
+#pragma unroll 2
         for (int rr = lane / UNITS; rr < 32; rr += PASS_ROWS) {
-            const int row_page = __shfl_sync(~0u, page, rr), row_in_page = __shfl_sync(~0u, in_page, rr);
-            const int row = r0 + rr;
+            const int src_row = __shfl_sync(~0u, cache_row[i], rr), row = 32 * i + rr;
             if (row < rows) {
-                const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
-                const bool valid = row_page >= 0 && row_page < p.num_pages;
-                const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 +
-                                     (valid ? ((int64_t)row_page * stride[0] + (int64_t)row_in_page * stride[1] +
-                                               (int64_t)t.head_kv * stride[2]) * 2
-                                            : 0);
-                uint32_t addr = base + row * L::ROW_BYTES;
+                uint32_t addr = unit + row * L::ROW_BYTES;
                 addr ^= ((addr >> 7) & (ROW_UNITS - 1)) << 4;   // TMA's swizzle, by address
-                cp_async_16(addr, src, valid);
+                // 32 x 32 -> 64 bits, one IMAD.WIDE.U32 (a signed product took three)
+                const uint64_t offset = (uint64_t)(uint32_t)max(src_row, 0) * (uint32_t)row_bytes;
+                cp_async_16(addr, src + offset, src_row >= 0);
             }
         }
     }
@@ -371,30 +379,45 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
-// K and V of key block n copied with cp.async (copy_paged_kv), once their
-// slots are free. The copies are plain (generic proxy) smem writes and
-// wgmma reads through the async proxy: each lane waits for its own copies
-// and fences the proxies before lane 0 arrives on k_full and v_full (count
-// 1 each; no bytes expected). So K and V of one block are in flight at a
-// time; the ring's other slots are the consumers'.
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void produce_kv_copied(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                                   int r, int n, bool first_of_tile, int tile_count) {
-    const int s = stage_of(r, STAGES);
-    mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
-    trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
-    fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes (hardening)
-    copy_paged_kv<D, BLOCK_N, false>(sm.k[s], p, t, n);
-    wait_v_slot(sm, r, first_of_tile, tile_count);
-    fence_proxy_async_smem();
-    copy_paged_kv<D, BLOCK_N, true>(sm.v[s], p, t, n);
-    cp_async_wait_all();
+// kv_copier's tile in flight: 2 * slot, + 1 for V (-1: none).
+FA3C_DEVICE int copied_tile(int slot, bool is_v) { return 2 * slot + is_v; }
+
+// The tile whose copies kv_copier has in flight (`pending`) has landed:
+// lane 0 tells the consumers. The copies are plain (generic proxy) smem
+// writes and wgmma reads through the async proxy: each lane waits for its
+// own copies (cp.async groups: all but the newest LEFT) and fences the
+// proxies before lane 0 arrives on k_full or v_full (count 1 each; no bytes
+// expected).
+template <int LEFT, int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void copied_tile_landed(FwdSmem<D, BLOCK_N, STAGES> &sm, int pending) {
+    cp_async_wait_group<LEFT>();
     fence_proxy_async_smem();   // the copies, before wgmma (the async proxy) reads them
     __syncwarp();
-    if (threadIdx.x % 32 == 0) {
-        mbar_arrive(&sm.k_full[s]);
-        mbar_arrive(&sm.v_full[s]);
+    if (threadIdx.x % 32 == 0) mbar_arrive(pending & 1 ? &sm.v_full[pending / 2] : &sm.k_full[pending / 2]);
+}
+
+// kv_copier's wait for a slot (or o_free): if it is not free yet, the tile
+// in flight is finished first, as the consumers may need it to free the
+// slot (they release V of block j - 1 after S of block j).
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void copier_wait(FwdSmem<D, BLOCK_N, STAGES> &sm, uint64_t *bar, uint32_t parity, int &pending) {
+    if (pending >= 0 && !__shfl_sync(~0u, mbar_test_wait_parity(bar, parity), 0)) {
+        copied_tile_landed<0>(sm, pending);
+        pending = -1;
     }
+    mbar_wait_parity(bar, parity);
+}
+
+// kv_copier: K or V of block n into slot s, then the tile before it handed
+// over (its copies overlap this tile's issue).
+template <int D, int BLOCK_N, int STAGES, bool IS_V>
+FA3C_DEVICE void copy_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int s,
+                           int n, int &pending) {
+    fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes
+    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], p, t, n);
+    cp_async_commit();
+    if (pending >= 0) copied_tile_landed<1>(sm, pending);
+    pending = copied_tile(s, IS_V);
 }
 
 // Q in registers (FA3C_FWD_Q_IN_REGS): hdim 128 (2 consumers with 240
@@ -516,21 +539,36 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
 
 // The variable-length instances' third producer warp, for small pages
 // (kv_copied): it walks the producer's key blocks and copies each one's K
-// and V with cp.async (produce_kv_copied) while the producer loads only Q.
-// A warp of its own: in the producer's 40 registers the copies spilled.
+// and V with cp.async (copy_paged_kv) while the producer loads only Q. Two
+// tiles (K or V) are in flight: a tile's copies are issued, then the
+// previous tile's are waited for and handed over (copy_tile), unless a slot
+// wait found the consumers still on it (copier_wait). A warp of its own: in
+// the producer's 40 registers the copies spilled.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     if constexpr (paged_copy_fits<D>()) {
         if (!kv_copied<D, true>(p)) return;
-        int ring = 0, tiles = 0;
+        int ring = 0, tiles = 0, pending = -1;
         for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
             if (tile == SKIP_STEP) continue;
             const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
             if (tile_is_empty(t)) continue;
             const int tile_count = tiles++;   // as the producer counts them (o_free)
-            for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++)
-                produce_kv_copied<D, BLOCK_N, STAGES>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
+            for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
+                const int s = stage_of(ring, STAGES);
+                const uint32_t free_parity = phase_of(ring, STAGES) ^ 1;
+                copier_wait(sm, &sm.k_empty[s], free_parity, pending);
+                trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
+                copy_tile<D, BLOCK_N, STAGES, false>(p, sm, t, s, n, pending);
+                copier_wait(sm, &sm.v_empty[s], free_parity, pending);
+                // With O staged in the V ring, the previous tile's O stores must have read it (wait_v_slot).
+                if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && n == t.n_end - 1 && tile_count > 0)
+                    copier_wait(sm, &sm.o_free, (uint32_t)(tile_count - 1) & 1, pending);
+                trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
+                copy_tile<D, BLOCK_N, STAGES, true>(p, sm, t, s, n, pending);
+            }
         }
+        if (pending >= 0) copied_tile_landed<0>(sm, pending);
     }
 }
 
@@ -926,8 +964,11 @@ FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile 
     if (stage && p.out_tma && o_box_allowed<true>(p, t, consumer_index)) {
         uint32_t packed[D / 4];
         pack_output<D, FP16>(o, inv, packed);
-        store_tile_tma<D>(p, packed, t.q_start + (t.m0 + consumer_index * 64) / p.pack, t.group, 0, stage,
-                          consumer_index, ring);
+        // hdim 64: t.m0 opaque, else ptxas reuses consumer_varlen_tile's first
+        // row of the warpgroup, held through the whole tile, and spilled it.
+        const int m0 = D == 64 ? (int)opaque_u32(t.m0) : t.m0;
+        const int query0 = t.q_start + (m0 + consumer_index * 64) / p.pack;
+        store_tile_tma<D>(p, packed, query0, t.group, 0, stage, consumer_index, ring);
     } else {
         uint16_t *out[2];
 #pragma unroll

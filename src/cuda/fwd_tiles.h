@@ -284,9 +284,10 @@
 /* Paged KV caches whose TMA boxes would hold fewer rows than this are
  * copied with cp.async instead (fwd_params.h, k_data; fwd_sm90.cuh,
  * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
- * compiled out. Off until it has run on a GPU (written when no device was
- * left, 2026-12-05): test it with EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8
- * tools/gpu_check.sh, then make 8 the default. */
+ * compiled out. Off: its first version was correct on the GPU but no faster
+ * than one-row TMA boxes (run 88); the pipelined one has not run yet, and
+ * compiled in, the producer warpgroup spills. Test with
+ * EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8 tools/gpu_check.sh. */
 #ifndef FA3C_FWD_PAGED_COPY_BELOW
 #define FA3C_FWD_PAGED_COPY_BELOW 0
 #endif

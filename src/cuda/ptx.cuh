@@ -268,9 +268,14 @@ FA3C_DEVICE void cp_async_16(uint32_t dst, const void *src, bool valid) {
                  : "memory");
 }
 
-// Wait until this thread's cp.async copies have landed in smem.
-FA3C_DEVICE void cp_async_wait_all(void) {
-    asm volatile("cp.async.wait_all;" ::: "memory");
+// Close a group of this thread's cp.async copies (cp_async_wait_group).
+FA3C_DEVICE void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Wait until all but the newest LEFT of this thread's cp.async groups have
+// landed in smem.
+template <int LEFT>
+FA3C_DEVICE void cp_async_wait_group(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(LEFT) : "memory");
 }
 
 // Keep the compiler from moving accumulator accesses across fences/waits.
