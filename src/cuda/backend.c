@@ -136,9 +136,10 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
     return in ? in->block_n : 0;
 }
 
-static int last_cluster, last_num_splits;   /* written by each forward launch; read by tests only */
+static int last_cluster, last_num_splits, last_paged_copies;   /* written by each forward launch; read by tests only */
 int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
 int fa3c_cuda_fwd_last_num_splits(void) { return last_num_splits; }
+int fa3c_cuda_fwd_last_paged_copies(void) { return last_paged_copies; }
 
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
@@ -355,6 +356,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     }
     last_cluster = k.cluster;
     last_num_splits = k.num_splits;
+    last_paged_copies = k.k_data != NULL;
     if (k.num_splits == 1) {
         void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);
         s = inst->launch(&k, stream);

@@ -7,6 +7,7 @@
 #include "gpu_util.cuh"
 #include "testutil.h"
 #include "cpu/cpu.h"
+#include "cuda/fwd_plan.h"
 #include "cuda/fwd_tiles.h"
 #include "backend.h"
 
@@ -302,6 +303,13 @@ static void run_case(const char *label, fwd_case c) {
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
+        if (ps) {   // the path backend.c chose: cp.async copies for boxes under FA3C_FWD_PAGED_COPY_BELOW rows
+            int box = fa3c_fwd_plan_page_rows(&g.problem, fa3c_cuda_fwd_block_n(&g.problem));
+            int want = box < FA3C_FWD_PAGED_COPY_BELOW && FA3C_FWD_PAGED_COPY_FITS(D);
+            if (run == 0) printf("    paged K/V %s\n", fa3c_cuda_fwd_last_paged_copies() ? "copied (cp.async)" : "as TMA boxes");
+            CHECK(fa3c_cuda_fwd_last_paged_copies() == want, "pages of %d (boxes of %d rows): copier %d, want %d", ps,
+                  box, fa3c_cuda_fwd_last_paged_copies(), want);
+        }
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(gout[run], dout, n_out * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
