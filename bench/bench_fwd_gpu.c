@@ -2,7 +2,7 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode [--page-size P]] [--seqused] [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode [--page-size P]...] [--seqused] [--csv FILE]
  * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too);
  * --seqlen (repeatable) replaces the grid's sequence lengths (batch = 16384 / S, rounded down).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
@@ -11,9 +11,10 @@
  * --seqused: every call passes seqused_k = seqlen_k for each sequence (the same work), so that
  * the variable-length kernels (built with FA3C_CUDA_VARLEN=ON) run: their cost against a run
  * without it.
- * --page-size P (with --decode): the same K and V read as a paged cache of P-key pages in a
- * shuffled page table (seqused_k = seqlen_k; the variable-length kernels): the cost of pages,
- * small ones (1, 16) in particular, against the contiguous cache. */
+ * --page-size P (with --decode; up to 4, 0 = contiguous): the same K and V read as a paged cache
+ * of P-key pages in a shuffled page table (seqused_k = seqlen_k; the variable-length kernels):
+ * the cost of pages, small ones (1, 16) in particular, against the contiguous cache. The CSV's
+ * last column, page, is the page size (0: none). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -185,7 +186,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_siz
             double ms = time_call(&p, e0, e1);
             double gbs = (2.0 * q_bytes + 2.0 * kv_bytes) / (ms * 1e-3) / 1e9;
             printf("%-5d %-6d %-6d %-5d %-5d %9.4f %8.1f\n", d, 0, sk, b, hq, ms, gbs);
-            if (out) fprintf(out, "%d,%d,%d,%d,%d,%.5f,%.1f\n", d, 0, sk, b, hq, ms, gbs);
+            if (out) fprintf(out, "%d,%d,%d,%d,%d,%.5f,%.1f,%d\n", d, 0, sk, b, hq, ms, gbs, page_size);
         }
         cudaFree(q);
         cudaFree(k);
@@ -197,7 +198,8 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_siz
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, decode = 0, seqused = 0, page_size = 0, picked[5] = {0}, npicked = 0, own_seqlens[8] = {0}, nown = 0;
+    int quick = 0, decode = 0, seqused = 0, page_sizes[4] = {0}, npages = 0, picked[5] = {0}, npicked = 0;
+    int own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -207,18 +209,18 @@ int main(int argc, char **argv) {
             own_seqlens[nown++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--seqused")) seqused = 1;
-        else if (!strcmp(argv[i], "--page-size") && i + 1 < argc && atoi(argv[i + 1]) >= 1)
-            page_size = atoi(argv[++i]), seqused = 1;
+        else if (!strcmp(argv[i], "--page-size") && i + 1 < argc && atoi(argv[i + 1]) >= 0 && npages < 4)
+            page_sizes[npages++] = atoi(argv[++i]), seqused = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]] [--seqused] "
+                    "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]...] [--seqused] "
                     "[--csv FILE]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (page_size && !decode) {
+    if (npages && !decode) {
         fprintf(stderr, "--page-size goes with --decode\n");
         return 2;
     }
@@ -227,15 +229,18 @@ int main(int argc, char **argv) {
         return 0;
     }
     FILE *out = csv ? fopen(csv, "w") : NULL;
-    if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops\n");
+    if (out) fprintf(out, "hdim,causal,seqlen,batch,heads,ms,tflops%s\n", decode ? ",page" : "");
     if (seqused) CUDA_TRY(cudaMalloc((void **)&used_keys, MAX_BATCH * sizeof(int32_t)));
     cudaEvent_t e0, e1;
     CUDA_TRY(cudaEventCreate(&e0));
     CUDA_TRY(cudaEventCreate(&e1));
     if (decode) {
-        if (page_size) printf("paged KV cache: pages of %d keys, shuffled\n", page_size);
-        printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "GB/s");
-        bench_decode(out, e0, e1, page_size);
+        for (int i = 0; i < (npages ? npages : 1); i++) {
+            if (page_sizes[i]) printf("%spaged KV cache: pages of %d keys, shuffled\n", i ? "\n" : "", page_sizes[i]);
+            else if (npages > 1) printf("%scontiguous KV cache\n", i ? "\n" : "");
+            printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "GB/s");
+            bench_decode(out, e0, e1, page_sizes[i]);
+        }
         if (out) fclose(out);
         return 0;
     }

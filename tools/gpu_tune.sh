@@ -10,7 +10,8 @@
 # "name@dir" builds another source tree (e.g. an export of an older commit:
 # git archive HEAD~1 | tar -x -C .ab/old), to compare versions in one run.
 # TUNE_INSTANCES: default instance list; TUNE_BENCH_ARGS: extra bench flags
-# (--hdim 128, or --decode for the six decode shapes in GB/s); TUNE_ROUNDS: rounds (default 3).
+# (--hdim 128, or --decode for the six decode shapes in GB/s, with --page-size P... for
+# paged caches: the page column; 0 = contiguous); TUNE_ROUNDS: rounds (default 3).
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 T="$OUT/tune.d"   # per-variant logs, packed into $OUT/tune_logs.tar.gz at the end
@@ -57,14 +58,15 @@ rows = {}
 for n in names:
     for p in sorted(glob.glob(os.path.join(out, f"{n}_r*.csv"))):
         for r in csv.DictReader(open(p)):
-            rows.setdefault((int(r["hdim"]), int(r["causal"]), int(r["seqlen"])), {}).setdefault(n, []).append(float(r["tflops"]))
+            key = (int(r.get("page") or 0), int(r["hdim"]), int(r["causal"]), int(r["seqlen"]))
+            rows.setdefault(key, {}).setdefault(n, []).append(float(r["tflops"]))
 print("median TFLOPS over rounds (spread = (max - min) / median, %)")
-print("hdim causal seqlen " + " ".join(f"{n:>16}" for n in names))
+print("page hdim causal seqlen " + " ".join(f"{n:>16}" for n in names))
 for k in sorted(rows):
     cells = []
     for n in names:
         v = rows[k].get(n)
         cells.append(f"{statistics.median(v):9.1f} ({(max(v) - min(v)) / statistics.median(v) * 100:3.0f}%)" if v else f"{'-':>16}")
-    print(f"{k[0]:4} {k[1]:6} {k[2]:6} " + " ".join(f"{c:>16}" for c in cells))
+    print(f"{k[0]:4} {k[1]:4} {k[2]:6} {k[3]:6} " + " ".join(f"{c:>16}" for c in cells))
 PY
 (cd "$OUT" && tar czf tune_logs.tar.gz tune.d && rm -rf tune.d)
