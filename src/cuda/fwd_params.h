@@ -105,8 +105,8 @@ typedef struct fa3c_fwd_kernel_params {
      * copied with cp.async, 16 bytes per lane (fwd_sm90.cuh, copy_paged_kv),
      * from k_data / v_data with strides in elements (page, row, head: pages
      * are page_size rows apart, and key rows are found as rows of the whole
-     * cache); NULL = TMA boxes (page_rows). One TMA box per key row ran at ~80 cycles per box
-     * (run 86). */
+     * cache); NULL = TMA boxes (page_rows). One TMA box per key row ran at
+     * ~80 cycles per box (run 86). */
     const void *k_data, *v_data;
     int64_t k_stride[3], v_stride[3];
     int num_pages;   /* a page index outside [0, num_pages) copies zeros, as TMA's bounds do */

@@ -294,9 +294,11 @@ FA3C_DEVICE void copy_paged_kv(uint8_t *dst, const fa3c_fwd_kernel_params &p, co
         cache_row[i] = page >= 0 && page < p.num_pages ? key + (page - page_index) * p.div_page_size.d : -1;
     }
     // This lane's unit of a row: its smem address in the slot, and its source column.
-    const uint32_t unit = smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
+    const uint32_t unit =
+        smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
     const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
-    const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 + t.head_kv * stride[2] * 2;
+    const uint8_t *src =
+        (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 + t.head_kv * stride[2] * 2;
     const int row_bytes = (int)stride[1] * 2;   // 32 bits: backend.c
 #pragma unroll
     for (int i = 0; i < ROUNDS; i++) {
