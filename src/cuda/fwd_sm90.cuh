@@ -212,6 +212,14 @@ FA3C_DEVICE void load_kv_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *ba
     }
 }
 
+// The page of tile t's sequence that holds key `key`, and the key's row in
+// it (`row`).
+FA3C_DEVICE int page_of_key(const fa3c_fwd_kernel_params &p, const FwdTile &t, int key, int &row) {
+    const int page_index = fa3c_div(key, p.div_page_size);
+    row = key - page_index * p.div_page_size.d;
+    return p.page_table[t.batch * p.page_table_stride + page_index];
+}
+
 // Paged KV (p.page_table; variable-length instances): key block n of tile
 // t's sequence from its pages, as boxes of p.page_rows rows, each inside one
 // page (page_rows divides both BLOCK_N and page_size). Each box starts on a
@@ -236,11 +244,10 @@ FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *b
     const int boxes = (rows + p.page_rows - 1) / p.page_rows;
     if (lane == 0) mbar_arrive_expect_tx(bar, boxes * p.page_rows * D * 2);
     __syncwarp();   // the bytes are expected before any box can land
-    const int *table = p.page_table + t.batch * p.page_table_stride;
 #pragma unroll 1
     for (int box = lane; box < boxes; box += 32) {
-        const int key = key0 + box * p.page_rows, page_index = fa3c_div(key, p.div_page_size);
-        const int page = table[page_index], row = key - page_index * p.div_page_size.d;
+        int row;
+        const int page = page_of_key(p, t, key0 + box * p.page_rows, row);
 #pragma unroll
         for (int c = 0; c < D / L::CHUNK; c++)
             tma_load_4d(dst + (c * BLOCK_N + box * p.page_rows) * L::ROW_BYTES, map, bar, c * L::CHUNK, row, t.head_kv,
@@ -289,9 +296,9 @@ FA3C_DEVICE void copy_paged_kv(uint8_t *dst, const fa3c_fwd_kernel_params &p, co
     int cache_row[ROUNDS];
 #pragma unroll
     for (int i = 0; i < ROUNDS; i++) {
-        const int key = first_row + min(32 * i + lane, rows - 1), page_index = fa3c_div(key, p.div_page_size);
-        const int page = p.page_table[t.batch * p.page_table_stride + page_index];
-        cache_row[i] = page >= 0 && page < p.num_pages ? key + (page - page_index) * p.div_page_size.d : -1;
+        int row;
+        const int page = page_of_key(p, t, first_row + min(32 * i + lane, rows - 1), row);
+        cache_row[i] = page >= 0 && page < p.num_pages ? page * p.div_page_size.d + row : -1;
     }
     // This lane's unit of a row: its smem address in the slot, and its source column.
     const uint32_t unit =
@@ -352,22 +359,24 @@ FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
 }
 
-// Wait until the V slot of ring index r is free. `first_of_tile`: with O
-// staged in the V ring, the previous tile's O stores must have read it.
+// Whether the V load of a tile's first key block waits, besides its slot,
+// for o_free: with O staged in the V ring, the previous tile's O stores
+// must have read it (phase o_free_parity; `tile_count` tiles before this one).
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void wait_v_slot(FwdSmem<D, BLOCK_N, STAGES> &sm, int r, bool first_of_tile, int tile_count) {
-    mbar_wait_parity(&sm.v_empty[stage_of(r, STAGES)], phase_of(r, STAGES) ^ 1);
-    if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && first_of_tile && tile_count > 0)
-        mbar_wait_parity(&sm.o_free, (uint32_t)(tile_count - 1) & 1);
-    trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
+FA3C_DEVICE bool v_waits_o_free(bool first_of_tile, int tile_count) {
+    return FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && first_of_tile && tile_count > 0;
 }
+FA3C_DEVICE uint32_t o_free_parity(int tile_count) { return (uint32_t)(tile_count - 1) & 1; }
 
-// V of key block n into the slot of ring index r, once it is free (wait_v_slot).
+// V of key block n into the slot of ring index r, once it is free.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
                            int n, bool first_of_tile, int tile_count) {
     int s = stage_of(r, STAGES);
-    wait_v_slot(sm, r, first_of_tile, tile_count);
+    mbar_wait_parity(&sm.v_empty[s], phase_of(r, STAGES) ^ 1);
+    if (v_waits_o_free<D, BLOCK_N, STAGES>(first_of_tile, tile_count))
+        mbar_wait_parity(&sm.o_free, o_free_parity(tile_count));
+    trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
     if (VARLEN && p.page_table) {
         load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n);
         return;
@@ -563,9 +572,8 @@ FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
                 trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
                 copy_tile<D, BLOCK_N, STAGES, false>(p, sm, t, s, n, pending);
                 copier_wait(sm, &sm.v_empty[s], free_parity, pending);
-                // With O staged in the V ring, the previous tile's O stores must have read it (wait_v_slot).
-                if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE == O_STAGE_IN_V && n == t.n_end - 1 && tile_count > 0)
-                    copier_wait(sm, &sm.o_free, (uint32_t)(tile_count - 1) & 1, pending);
+                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count))
+                    copier_wait(sm, &sm.o_free, o_free_parity(tile_count), pending);
                 trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
                 copy_tile<D, BLOCK_N, STAGES, true>(p, sm, t, s, n, pending);
             }
