@@ -75,6 +75,16 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
+// kv_copier's page lookups of one key block (copy_paged_kv) in smem, a row
+// per key, where the copies read them (a register array of them spilled the
+// copier's 32-40 registers); V of a block reuses K's.
+template <int BLOCK_N>
+struct CopyRows {
+    int row[BLOCK_N];
+};
+template <>
+struct CopyRows<0> {};
+
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
     static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
@@ -88,6 +98,7 @@ struct FwdSmem {
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     uint64_t v_ready[STAGES];  // variable-length instances: V slot landed and guarded (v_guard)
+    CopyRows<FA3C_FWD_PAGED_COPY_FITS(D) ? BLOCK_N : 0> copy_rows;   // kv_copier's page lookups
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 
@@ -270,57 +281,87 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
     return VARLEN && paged_copy_fits<D>() && p.k_data;
 }
 
+// The cache rows of key block n's keys (page * page_size + row in the page:
+// pages are page_size rows apart, backend.c) into `table`, lane j looking
+// up keys j, 32 + j, ...; -1 for a page outside the cache. `rows`: the
+// block's keys in the sequence. FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a
+// lane's lookups are in flight at once: 1, one after the other; more, on
+// keys clamped to the last one so that the loads need no branch.
+template <int BLOCK_N>
+FA3C_DEVICE void look_up_cache_rows(uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n, int rows) {
+    enum { ROUNDS = (BLOCK_N + 31) / 32, IN_FLIGHT = FA3C_FWD_COPY_LOOKUPS };
+    const int lane = (int)opaque_u32(threadIdx.x % 32);   // as in copy_paged_kv
+    __syncwarp();   // every lane is done reading the last block's rows
+    if (IN_FLIGHT == 1) {
+#pragma unroll
+        for (int r = lane; r < BLOCK_N; r += 32) {
+            if (r < rows) {
+                int row;
+                const int page = page_of_key(p, t, n * BLOCK_N + r, row);
+                st_shared_s32(table + 4 * r, page >= 0 && page < p.num_pages ? page * p.div_page_size.d + row : -1);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i0 = 0; i0 < ROUNDS; i0 += IN_FLIGHT) {
+            int page[IN_FLIGHT], row[IN_FLIGHT];
+#pragma unroll
+            for (int i = 0; i < IN_FLIGHT && i0 + i < ROUNDS; i++)
+                page[i] = page_of_key(p, t, n * BLOCK_N + min(32 * (i0 + i) + lane, rows - 1), row[i]);
+#pragma unroll
+            for (int i = 0; i < IN_FLIGHT && i0 + i < ROUNDS; i++)
+                if (BLOCK_N % 32 == 0 || 32 * (i0 + i) + lane < BLOCK_N)
+                    st_shared_s32(table + 4 * (32 * (i0 + i) + lane),
+                                  page[i] >= 0 && page[i] < p.num_pages ? page[i] * p.div_page_size.d + row[i] : -1);
+        }
+    }
+    __syncwarp();   // the rows, before any lane reads them
+}
+
 // Paged K or V of key block n copied with cp.async into the slot at dst
 // (p.k_data: pages whose boxes would be a few rows, where TMA runs at one
 // box per ~80 cycles), for head dims whose 16-byte units per key row
 // (UNITS) divide 32: each pass of the copier warp copies 32 / UNITS whole
-// rows. First lane j looks up the pages of rows j, 32 + j, ... (one latency
-// for the tile; V's lookups hit the L1 after K's) as rows of the whole
-// cache; each pass then takes its rows' places from the lanes that looked
-// them up. Each unit lands where TMA would put it: the chunk's row, its
-// 16-byte column swizzled by the smem address, as TMA's 128-byte swizzle
-// does (load_paged_kv). Rows past the sequence's last key are not copied
-// (v_guard, masks); a page index outside the cache copies zeros (as TMA's
-// bounds would), never reads outside it. Returns once the lane's copies are
-// issued (kv_copier commits and waits for them).
+// rows, reading their places in the cache from `table` (look_up_cache_rows:
+// K's copy fills it, V's of the same block reuses it). Each unit lands where
+// TMA would put it: the chunk's row, its 16-byte column swizzled by the smem
+// address, as TMA's 128-byte swizzle does (load_paged_kv). Rows past the
+// sequence's last key are not copied (v_guard, masks); a page index outside
+// the cache copies zeros (as TMA's bounds would), never reads outside it.
+// Returns once the lane's copies are issued (kv_copier commits and waits for
+// them).
 template <int D, int BLOCK_N, bool IS_V>
-FA3C_DEVICE void copy_paged_kv(uint8_t *dst, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
+FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
     typedef TileLayout<D> L;
-    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS, ROUNDS = (BLOCK_N + 31) / 32 };
+    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS };
     static_assert(32 % UNITS == 0, "copy_paged_kv: a key row's units must divide the warp");
-    const int lane = threadIdx.x % 32, first_row = n * BLOCK_N;
-    const int rows = min(BLOCK_N, t.seqlen_k - first_row);   // >= 1 (v_guard)
-    // Lane j: the cache rows (page * page_size + row in the page: pages are
-    // page_size rows apart, backend.c) of key rows j, 32 + j, ... of the block
-    // (past the end: the last one's), -1 for a page outside the cache.
-    int cache_row[ROUNDS];
-#pragma unroll
-    for (int i = 0; i < ROUNDS; i++) {
-        int row;
-        const int page = page_of_key(p, t, first_row + min(32 * i + lane, rows - 1), row);
-        cache_row[i] = page >= 0 && page < p.num_pages ? page * p.div_page_size.d + row : -1;
-    }
+    // Opaque lane and head: else ptxas hoists what they give (the lane's
+    // places, 64-bit head offsets for K and V) out of kv_copier's loops and
+    // spills them from its 32-40 registers.
+    const int lane = (int)opaque_u32(threadIdx.x % 32);
+    const int rows = min(BLOCK_N, t.seqlen_k - n * BLOCK_N);   // >= 1 (v_guard)
+    if (!IS_V) look_up_cache_rows<BLOCK_N>(table, p, t, n, rows);
     // This lane's unit of a row: its smem address in the slot, and its source column.
     const uint32_t unit =
         smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
     const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
-    const uint8_t *src =
-        (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 + t.head_kv * stride[2] * 2;
-    const int row_bytes = (int)stride[1] * 2;   // 32 bits: backend.c
-#pragma unroll
-    for (int i = 0; i < ROUNDS; i++) {
-        if (32 * i >= rows) break;
-#pragma unroll 2
-        for (int rr = lane / UNITS; rr < 32; rr += PASS_ROWS) {
-            const int src_row = __shfl_sync(~0u, cache_row[i], rr), row = 32 * i + rr;
-            if (row < rows) {
-                uint32_t addr = unit + row * L::ROW_BYTES;
-                addr ^= ((addr >> 7) & (ROW_UNITS - 1)) << 4;   // TMA's swizzle, by address
-                // 32 x 32 -> 64 bits, one IMAD.WIDE.U32 (a signed product took three)
-                const uint64_t offset = (uint64_t)(uint32_t)max(src_row, 0) * (uint32_t)row_bytes;
-                cp_async_16(addr, src + offset, src_row >= 0);
-            }
-        }
+    const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 +
+                         (int)opaque_u32(t.head_kv) * stride[2] * 2;
+    const uint32_t row_bytes = (uint32_t)stride[1] * 2;   // < 2^31: backend.c
+    // One row per pass, its cache row loaded a pass ahead (the smem latency
+    // off the issue path; unrolling instead spilled the copier's registers).
+    int row = lane / UNITS, src_row = row < rows ? ld_shared_s32(table + 4 * row) : 0;
+#pragma unroll 1
+    while (row < rows) {
+        const int next = row + PASS_ROWS;
+        const int next_src_row = next < rows ? ld_shared_s32(table + 4 * next) : 0;
+        uint32_t addr = unit + row * L::ROW_BYTES;
+        addr ^= ((addr >> 7) & (ROW_UNITS - 1)) << 4;   // TMA's swizzle, by address
+        // 32 x 32 -> 64 bits, one IMAD.WIDE.U32 (a signed product took three)
+        const uint64_t offset = (uint64_t)(uint32_t)max(src_row, 0) * row_bytes;
+        cp_async_16(addr, src + offset, src_row >= 0);
+        row = next;
+        src_row = next_src_row;
     }
 }
 
@@ -425,7 +466,7 @@ template <int D, int BLOCK_N, int STAGES, bool IS_V>
 FA3C_DEVICE void copy_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int s,
                            int n, int &pending) {
     fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes
-    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], p, t, n);
+    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(&sm.copy_rows), p, t, n);
     cp_async_commit();
     if (pending >= 0) copied_tile_landed<1>(sm, pending);
     pending = copied_tile(s, IS_V);

@@ -285,8 +285,8 @@
  * copied with cp.async instead (fwd_params.h, k_data; fwd_sm90.cuh,
  * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
  * compiled out. Off: its first version was correct on the GPU but no faster
- * than one-row TMA boxes (run 88); the pipelined one has not run yet, and
- * compiled in, the producer warpgroup spills. Test with
+ * than one-row TMA boxes (run 88); the pipelined one (spill-free compiled in)
+ * has not run yet. Test with
  * EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8 tools/gpu_check.sh. */
 #ifndef FA3C_FWD_PAGED_COPY_BELOW
 #define FA3C_FWD_PAGED_COPY_BELOW 0
@@ -294,5 +294,13 @@
 /* Head dims the copier serves: a key row's 16-byte units (D / 8) divide the
  * warp, so each pass copies whole rows (64, 128, 256). */
 #define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && 32 % ((D) / 8) == 0)
+/* Page-table loads a copier lane has in flight when it looks up a key
+ * block's pages (fwd_sm90.cuh, look_up_cache_rows): 1, one after the other
+ * (up to 4 latencies per K tile; V reuses K's lookups), spill-free; 2 or 4
+ * overlap them, and ptxas then spills 4 bytes (a per-tile value) in hdim
+ * 64 and 128: for A/B runs only until one of them wins. */
+#ifndef FA3C_FWD_COPY_LOOKUPS
+#define FA3C_FWD_COPY_LOOKUPS 1
+#endif
 
 #endif

@@ -254,6 +254,17 @@ FA3C_DEVICE void st_shared_f32(float *dst, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
 }
 
+// A 32-bit integer at a shared address, stored and loaded (32-bit
+// addresses: a generic pointer held two registers).
+FA3C_DEVICE void st_shared_s32(uint32_t addr, int x) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+}
+FA3C_DEVICE int ld_shared_s32(uint32_t addr) {
+    int x;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
+    return x;
+}
+
 // 16 zero bytes at a 16-byte aligned shared address (PTX ISA 9.7.9.10, st).
 FA3C_DEVICE void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
