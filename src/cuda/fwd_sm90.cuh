@@ -290,6 +290,7 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
 template <int BLOCK_N>
 FA3C_DEVICE void look_up_cache_rows(uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n, int rows) {
     enum { ROUNDS = (BLOCK_N + 31) / 32, IN_FLIGHT = FA3C_FWD_COPY_LOOKUPS };
+    static_assert(IN_FLIGHT >= 1, "FA3C_FWD_COPY_LOOKUPS: at least one lookup in flight");
     const int lane = (int)opaque_u32(threadIdx.x % 32);   // as in copy_paged_kv
     __syncwarp();   // every lane is done reading the last block's rows
     if (IN_FLIGHT == 1) {

@@ -298,7 +298,7 @@
  * block's pages (fwd_sm90.cuh, look_up_cache_rows): 1, one after the other
  * (up to 4 latencies per K tile; V reuses K's lookups), spill-free; 2 or 4
  * overlap them, and ptxas then spills 4 bytes (a per-tile value) in hdim
- * 64 and 128: for A/B runs only until one of them wins. */
+ * 64 and 128 (and 256 with 4): for A/B runs only until one of them wins. */
 #ifndef FA3C_FWD_COPY_LOOKUPS
 #define FA3C_FWD_COPY_LOOKUPS 1
 #endif
