@@ -339,7 +339,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) &&
                   p->out.stride[1] % 8 == 0 && p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
-    /* O through TMA stores (instances with smem for it, fwd_sm90.cuh): one box
+    /* O through TMA stores (instances with smem for it, fwd_epilogue.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
     k.out_tma = k.num_splits == 1 && pr->headdim % 64 == 0 && 64 % k.pack == 0 &&

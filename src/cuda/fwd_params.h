@@ -88,21 +88,21 @@ typedef struct fa3c_fwd_kernel_params {
      * seqlen_k is the most any may use (the K/V tensors' length). The keys
      * past a sequence's count may hold anything, NaN included: they are
      * masked, and the V rows among them are zeroed before P·V reads them
-     * (fwd_sm90.cuh, v_guard). */
+     * (fwd_producer.cuh, v_guard). */
     const int *seqused_k;
     /* Paged KV (variable-length instances; NULL = K and V per sequence):
      * key j of sequence b is row j % page_size of page
      * page_table[b * page_table_stride + j / page_size], and k_map / v_map
      * are (headdim, page_size, heads_kv, num_pages) with boxes of page_rows =
      * gcd(BLOCK_N, page_size) rows (down to 1), each inside one page
-     * (fwd_sm90.cuh, load_paged_kv). */
+     * (fwd_producer.cuh, load_paged_kv). */
     const int *page_table;
     int64_t page_table_stride;
     int page_rows;
     fa3c_fast_div div_page_size;
     /* Paged KV whose boxes would be under FA3C_FWD_PAGED_COPY_BELOW rows
      * (pages of 1 key, ...; head dims of 128-byte chunk rows): K and V are
-     * copied with cp.async, 16 bytes per lane (fwd_sm90.cuh, copy_paged_kv),
+     * copied with cp.async, 16 bytes per lane (fwd_producer.cuh, copy_paged_kv),
      * from k_data / v_data with strides in elements (page, row, head: pages
      * are page_size rows apart, and key rows are found as rows of the whole
      * cache); NULL = TMA boxes (page_rows). One TMA box per key row ran at

@@ -6,7 +6,7 @@
  * BLOCK_N (keys per tile) and the pipeline depth trade smem against reuse:
  *   Q tile = 128 * D * 2 B, each stage = 2 * BLOCK_N * D * 2 B (K and V),
  *   plus, where it fits, 64 rows x D per consumer to stage O for the TMA
- *   store (fwd_sm90.cuh; where it does not, O is staged over the V ring),
+ *   store (fwd_epilogue.cuh; where it does not, O is staged over the V ring),
  *   and the total must stay under the 227 KB a block may use.
  *   hdim  64: N 128, 4 stages:  24 + 4*32 = 152 KB + 24 KB O staging
  *   hdim 128: N 128, 2 stages:  32 + 2*64 = 160 KB + 32 KB O staging
@@ -102,7 +102,7 @@
 #endif
 /* 1: softmax(j) runs while P·V(j-1) is on the tensor cores: it is pinned in
  * front of the wait for P·V(j-1) (ptxas otherwise moves that wait above it,
- * fwd_sm90.cuh, pin_softmax), and O is rescaled after that wait, to block j's
+ * fwd_consumer.cuh, pin_softmax), and O is rescaled after that wait, to block j's
  * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
  * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
  * (bench/RESULTS.md, run 21): hdim 192 +1-2% and hdim 256 +1-5% from 2k;
@@ -122,7 +122,7 @@
 #define FA3C_FWD_TMA_STORE 1
 #endif
 /* 1: where the smem has no room for a separate O staging buffer (hdim 192,
- * 256), stage O in the V ring for the TMA store (fwd_sm90.cuh, O_STAGE_IN_V;
+ * 256), stage O in the V ring for the TMA store (fwd_smem.cuh, O_STAGE_IN_V;
  * run 22: +4-7% at 512, +1-2% at 8k); 0: those head dims store O from
  * registers. */
 #ifndef FA3C_FWD_O_IN_V
@@ -133,7 +133,7 @@
  * waits only for that slot to be read, the first to finish taking the slot
  * the others released first; 0, consumer c stages at c * 64 rows from the
  * ring's start, across slots, and waits for every slot, so warpgroup 0 waits
- * for warpgroup 1's last P·V (fwd_sm90.cuh, o_staging_ring_index). Measured
+ * for warpgroup 1's last P·V (fwd_smem.cuh, o_staging_ring_index). Measured
  * on the H200 (bench/RESULTS.md, run 49): hdim 192 causal +4% at 512 and +2%
  * at 2k, hdim 256 +2% at causal 512 and non-causal 2k, the rest even. */
 #ifndef FA3C_FWD_O_IN_V_SLOT
@@ -162,7 +162,7 @@
 /* 2: clusters of two CTAs share their K and V loads (TMA multicast): the
  * two take neighbouring row blocks of one (batch, head), and each loads
  * half of every K and V tile into both CTAs' smem, so the pair reads K and V
- * from the L2 once instead of twice (fwd_sm90.cuh, load_kv_tile; ncu put
+ * from the L2 once instead of twice (fwd_producer.cuh, load_kv_tile; ncu put
  * hdim 256 non-causal 512 near the L2's bandwidth, run 43). Used where the
  * row blocks pair up and walk the same key blocks: no mask or window, no
  * split-KV, an even number of row blocks (fwd_plan.c). 1: no clusters, and
@@ -282,7 +282,7 @@
 #define FA3C_FWD_CHUNK_COLS(D) ((D) % 64 == 0 ? 64 : 32)
 
 /* Paged KV caches whose TMA boxes would hold fewer rows than this are
- * copied with cp.async instead (fwd_params.h, k_data; fwd_sm90.cuh,
+ * copied with cp.async instead (fwd_params.h, k_data; fwd_producer.cuh,
  * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
  * compiled out. Off: its first version was correct on the GPU but no faster
  * than one-row TMA boxes (run 88); the pipelined one (spill-free compiled in)
@@ -295,7 +295,7 @@
  * warp, so each pass copies whole rows (64, 128, 256). */
 #define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && 32 % ((D) / 8) == 0)
 /* Page-table loads a copier lane has in flight when it looks up a key
- * block's pages (fwd_sm90.cuh, look_up_cache_rows): 1, one after the other
+ * block's pages (fwd_producer.cuh, look_up_cache_rows): 1, one after the other
  * (up to 4 latencies per K tile; V reuses K's lookups), spill-free; 2 or 4
  * overlap them, and ptxas then spills 4 bytes (a per-tile value) in hdim
  * 64 and 128 (and 256 with 4): for A/B runs only until one of them wins. */

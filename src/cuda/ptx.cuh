@@ -17,7 +17,7 @@ FA3C_DEVICE uint32_t smem_addr(const void *p) {
 
 // The same value, made opaque to the compiler, so that what is derived from
 // it is computed where it is used instead of hoisted out of a loop (where it
-// would hold registers across the loop; fwd_sm90.cuh, gemm_qk).
+// would hold registers across the loop; fwd_consumer.cuh, gemm_qk).
 FA3C_DEVICE uint32_t opaque_u32(uint32_t x) {
     asm volatile("mov.b32 %0, %1;" : "=r"(x) : "r"(x));
     return x;

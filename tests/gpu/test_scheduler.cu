@@ -541,7 +541,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                     CHECK(ok, "%s: rank %d row %d keys [%d, %d]: blocks [%d, %d), unmasked [%d, %d)", what, k, row, lo,
                           hi, t.n_begin, t.n_end, t.u_begin, t.u_end);
                 }
-                // As consumer() dispatches each warpgroup (fwd_sm90.cuh): empty, idle, or
+                // As consumer() dispatches each warpgroup (fwd_consumer.cuh): empty, idle, or
                 // consumer_tile (SKIP_MASKED under a right bound): the blocks it computes,
                 // [t.n_begin, w.n_end), hold every key of its rows and mask where needed.
                 for (int wg = 0; wg < c->block_m / 64 && ok; wg++) {
