@@ -119,22 +119,24 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
     return VARLEN && paged_copy_fits<D>() && p.k_data;
 }
 
-// The cache rows of key block n's keys (page * page_size + row in the page:
-// pages are page_size rows apart, backend.c) into `table`, lane j looking
-// up keys j, 32 + j, ...; -1 for a page outside the cache. `rows`: the
-// block's keys in the sequence. FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a
-// lane's lookups are in flight at once: 1, one after the other; more, on
-// keys clamped to the last one so that the loads need no branch.
-template <int BLOCK_N>
-FA3C_DEVICE void look_up_cache_rows(uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n, int rows) {
-    enum { ROUNDS = (BLOCK_N + 31) / 32, IN_FLIGHT = FA3C_FWD_COPY_LOOKUPS };
+// The cache rows of key block n's keys first .. end - 1 (page * page_size
+// + row in the page: pages are page_size rows apart, backend.c) into
+// `table`, lane j looking up keys first + j, first + 32 + j, ...; -1 for a
+// page outside the cache. ROWS: the most keys a part has (copier_part).
+// FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a lane's lookups are in flight at
+// once: 1, one after the other; more, on keys clamped to the last one so
+// that the loads need no branch.
+template <int BLOCK_N, int ROWS>
+FA3C_DEVICE void look_up_cache_rows(uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n,
+                                    int first, int end) {
+    enum { ROUNDS = (ROWS + 31) / 32, IN_FLIGHT = FA3C_FWD_COPY_LOOKUPS };
     static_assert(IN_FLIGHT >= 1, "FA3C_FWD_COPY_LOOKUPS: at least one lookup in flight");
     const int lane = (int)opaque_u32(threadIdx.x % 32);   // as in copy_paged_kv
     __syncwarp();   // every lane is done reading the last block's rows
     if (IN_FLIGHT == 1) {
 #pragma unroll
-        for (int r = lane; r < BLOCK_N; r += 32) {
-            if (r < rows) {
+        for (int r = first + lane; r < first + ROWS; r += 32) {
+            if (r < end) {
                 int row;
                 const int page = page_of_key(p, t, n * BLOCK_N + r, row);
                 st_shared_s32(table + 4 * r, page >= 0 && page < p.num_pages ? page * p.div_page_size.d + row : -1);
@@ -146,40 +148,51 @@ FA3C_DEVICE void look_up_cache_rows(uint32_t table, const fa3c_fwd_kernel_params
             int page[IN_FLIGHT], row[IN_FLIGHT];
 #pragma unroll
             for (int i = 0; i < IN_FLIGHT && i0 + i < ROUNDS; i++)
-                page[i] = page_of_key(p, t, n * BLOCK_N + min(32 * (i0 + i) + lane, rows - 1), row[i]);
+                page[i] = page_of_key(p, t, n * BLOCK_N + min(first + 32 * (i0 + i) + lane, end - 1), row[i]);
 #pragma unroll
             for (int i = 0; i < IN_FLIGHT && i0 + i < ROUNDS; i++)
-                if (BLOCK_N % 32 == 0 || 32 * (i0 + i) + lane < BLOCK_N)
-                    st_shared_s32(table + 4 * (32 * (i0 + i) + lane),
+                if (ROWS % 32 == 0 || 32 * (i0 + i) + lane < ROWS)
+                    st_shared_s32(table + 4 * (first + 32 * (i0 + i) + lane),
                                   page[i] >= 0 && page[i] < p.num_pages ? page[i] * p.div_page_size.d + row[i] : -1);
         }
     }
     __syncwarp();   // the rows, before any lane reads them
 }
 
+// The copier warps (FA3C_FWD_COPIER_WARPS, fwd_tiles.h) share each tile:
+// part i copies rows [i ROWS, (i + 1) ROWS) of it, ROWS = BLOCK_N / parts,
+// and looks up only those (its own rows of the table: the warps never wait
+// for each other).
+template <int BLOCK_N>
+struct CopierPart {
+    enum { PARTS = FA3C_FWD_COPIER_WARPS, ROWS = BLOCK_N / PARTS };
+    static_assert(BLOCK_N % PARTS == 0, "FA3C_FWD_COPIER_WARPS must divide BLOCK_N");
+};
+
 // Paged K or V of key block n copied with cp.async into the slot at dst
 // (p.k_data: pages whose boxes would be a few rows, where TMA runs at one
 // box per ~80 cycles), for head dims whose 16-byte units per key row
-// (UNITS) divide 32: each pass of the copier warp copies 32 / UNITS whole
-// rows, reading their places in the cache from `table` (look_up_cache_rows:
-// K's copy fills it, V's of the same block reuses it). Each unit lands where
-// TMA would put it: the chunk's row, its 16-byte column swizzled by the smem
-// address, as TMA's 128-byte swizzle does (load_paged_kv). Rows past the
-// sequence's last key are not copied (v_guard, masks); a page index outside
-// the cache copies zeros (as TMA's bounds would), never reads outside it.
-// Returns once the lane's copies are issued (kv_copier commits and waits for
-// them).
+// (UNITS) divide 32: each pass of a copier warp copies 32 / UNITS whole
+// rows of its part, reading their places in the cache from `table`
+// (look_up_cache_rows: K's copy fills it, V's of the same block reuses it).
+// Each unit lands where TMA would put it: the chunk's row, its 16-byte
+// column swizzled by the smem address, as TMA's 128-byte swizzle does
+// (load_paged_kv). Rows past the sequence's last key are not copied
+// (v_guard, masks); a page index outside the cache copies zeros (as TMA's
+// bounds would), never reads outside it. Returns once the lane's copies are
+// issued (kv_copier commits and waits for them).
 template <int D, int BLOCK_N, bool IS_V>
-FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n) {
+FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n,
+                               int part) {
     typedef TileLayout<D> L;
-    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS };
+    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS, ROWS = CopierPart<BLOCK_N>::ROWS };
     static_assert(32 % UNITS == 0, "copy_paged_kv: a key row's units must divide the warp");
-    // Opaque lane and head: else ptxas hoists what they give (the lane's
-    // places, 64-bit head offsets for K and V) out of kv_copier's loops and
-    // spills them from its 32-40 registers.
+    // Opaque lane, part and head: else ptxas hoists what they give (the
+    // lane's places, 64-bit head offsets for K and V) out of kv_copier's
+    // loops and spills them from its 32-40 registers.
     const int lane = (int)opaque_u32(threadIdx.x % 32);
-    const int rows = min(BLOCK_N, t.seqlen_k - n * BLOCK_N);   // >= 1 (v_guard)
-    if (!IS_V) look_up_cache_rows<BLOCK_N>(table, p, t, n, rows);
+    const int first = (int)opaque_u32(part) * ROWS, end = min(first + ROWS, t.seqlen_k - n * BLOCK_N);   // this part's rows
+    if (!IS_V) look_up_cache_rows<BLOCK_N, ROWS>(table, p, t, n, first, end);
     // This lane's unit of a row: its smem address in the slot, and its source column.
     const uint32_t unit =
         smem_addr(dst) + (lane % UNITS / ROW_UNITS) * BLOCK_N * L::ROW_BYTES + (lane % ROW_UNITS) * 16;
@@ -189,11 +202,11 @@ FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kern
     const uint32_t row_bytes = (uint32_t)stride[1] * 2;   // < 2^31: backend.c
     // One row per pass, its cache row loaded a pass ahead (the smem latency
     // off the issue path; unrolling instead spilled the copier's registers).
-    int row = lane / UNITS, src_row = row < rows ? ld_shared_s32(table + 4 * row) : 0;
+    int row = first + lane / UNITS, src_row = row < end ? ld_shared_s32(table + 4 * row) : 0;
 #pragma unroll 1
-    while (row < rows) {
+    while (row < end) {
         const int next = row + PASS_ROWS;
-        const int next_src_row = next < rows ? ld_shared_s32(table + 4 * next) : 0;
+        const int next_src_row = next < end ? ld_shared_s32(table + 4 * next) : 0;
         uint32_t addr = unit + row * L::ROW_BYTES;
         addr ^= ((addr >> 7) & (ROW_UNITS - 1)) << 4;   // TMA's swizzle, by address
         // 32 x 32 -> 64 bits, one IMAD.WIDE.U32 (a signed product took three)
@@ -303,9 +316,9 @@ FA3C_DEVICE void copier_wait(FwdSmem<D, BLOCK_N, STAGES> &sm, uint64_t *bar, uin
 // over (its copies overlap this tile's issue).
 template <int D, int BLOCK_N, int STAGES, bool IS_V>
 FA3C_DEVICE void copy_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int s,
-                           int n, int &pending) {
+                           int n, int part, int &pending) {
     fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes
-    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(&sm.copy_rows), p, t, n);
+    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(&sm.copy_rows), p, t, n, part);
     cp_async_commit();
     if (pending >= 0) copied_tile_landed<1>(sm, pending);
     pending = copied_tile(s, IS_V);
@@ -429,11 +442,11 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
 // wait found the consumers still on it (copier_wait). A warp of its own: in
 // the producer's 40 registers the copies spilled.
 template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
+FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int part) {
     if constexpr (paged_copy_fits<D>()) {
         if (!kv_copied<D, true>(p)) return;
         int ring = 0, tiles = 0, pending = -1;
-        for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
+        for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {
             if (tile == SKIP_STEP) continue;
             const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
             if (tile_is_empty(t)) continue;
@@ -442,13 +455,13 @@ FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
                 const int s = stage_of(ring, STAGES);
                 const uint32_t free_parity = phase_of(ring, STAGES) ^ 1;
                 copier_wait(sm, &sm.k_empty[s], free_parity, pending);
-                trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
-                copy_tile<D, BLOCK_N, STAGES, false>(p, sm, t, s, n, pending);
+                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
+                copy_tile<D, BLOCK_N, STAGES, false>(p, sm, t, s, n, part, pending);
                 copier_wait(sm, &sm.v_empty[s], free_parity, pending);
                 if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count))
                     copier_wait(sm, &sm.o_free, o_free_parity(tile_count), pending);
-                trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
-                copy_tile<D, BLOCK_N, STAGES, true>(p, sm, t, s, n, pending);
+                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
+                copy_tile<D, BLOCK_N, STAGES, true>(p, sm, t, s, n, part, pending);
             }
         }
         if (pending >= 0) copied_tile_landed<0>(sm, pending);

@@ -66,8 +66,10 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));             // one per consumer warp
         mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D) * cluster);        // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(&sm.k_full[s], 1);
-            mbar_init(&sm.v_full[s], 1);
+            // One arrival per copier warp when kv_copier copies K and V (kv_copied), else the producer's.
+            const int fills = kv_copied<D, VARLEN>(p) ? FA3C_FWD_COPIER_WARPS : 1;
+            mbar_init(&sm.k_full[s], fills);
+            mbar_init(&sm.v_full[s], fills);
             mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             if (VARLEN) mbar_init(&sm.v_ready[s], 32);   // v_guard's lanes
@@ -88,8 +90,8 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
             else producer<D, BLOCK_N, STAGES, false, VARLEN>(p, sm);
         } else if (VARLEN && threadIdx.x / 32 == 1) {
             v_guard<D, BLOCK_N, STAGES>(p, sm);
-        } else if (VARLEN && threadIdx.x / 32 == 2) {
-            kv_copier<D, BLOCK_N, STAGES>(p, sm);
+        } else if (VARLEN && threadIdx.x / 32 >= 2 && threadIdx.x / 32 < 2 + FA3C_FWD_COPIER_WARPS) {
+            kv_copier<D, BLOCK_N, STAGES>(p, sm, threadIdx.x / 32 - 2);
         }
     } else {
         reg_alloc<RegBudget<D, VARLEN>::CONSUMER>();

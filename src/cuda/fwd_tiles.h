@@ -294,13 +294,20 @@
 /* Head dims the copier serves: a key row's 16-byte units (D / 8) divide the
  * warp, so each pass copies whole rows (64, 128, 256). */
 #define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && 32 % ((D) / 8) == 0)
-/* Page-table loads a copier lane has in flight when it looks up a key
- * block's pages (fwd_producer.cuh, look_up_cache_rows): 1, one after the other
- * (up to 4 latencies per K tile; V reuses K's lookups), spill-free; 2 or 4
- * overlap them, and ptxas then spills 4 bytes (a per-tile value) in hdim
- * 64 and 128 (and 256 with 4): for A/B runs only until one of them wins. */
+/* Warps of the producer warpgroup that copy with cp.async (kv_copier),
+ * each its part of every tile's rows: 2 (warps 2 and 3) or 1 (warp 2). One
+ * warp issues ~25 instructions per 16-byte copy per lane (SASS): 512 bytes
+ * per 25-40 cycles, at best about an SM's share of HBM; two double it. */
+#ifndef FA3C_FWD_COPIER_WARPS
+#define FA3C_FWD_COPIER_WARPS 2
+#endif
+/* Page-table loads a copier lane has in flight when it looks up its part of
+ * a key block (fwd_producer.cuh, look_up_cache_rows; V reuses K's
+ * lookups): 2, all of a part's lookups at once with two copier warps (64
+ * rows, 40 at hdim 256); 1, one after the other. Spill-free with two warps;
+ * with one warp only 1 is (more spills 20 bytes at hdim 64). */
 #ifndef FA3C_FWD_COPY_LOOKUPS
-#define FA3C_FWD_COPY_LOOKUPS 1
+#define FA3C_FWD_COPY_LOOKUPS 2
 #endif
 
 #endif

@@ -349,6 +349,7 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
 FA3C_SPECIAL_REG(cluster_cta_rank, "cluster_ctarank")
 FA3C_SPECIAL_REG(cluster_id_x, "clusterid.x")
 FA3C_SPECIAL_REG(cluster_count_x, "nclusterid.x")
+FA3C_SPECIAL_REG(grid_ctas_x, "nctaid.x")
 #undef FA3C_SPECIAL_REG
 
 // Every thread of the cluster that has not exited arrives and waits for the

@@ -141,6 +141,14 @@ struct KernelCta {
         return FA3C_FWD_CLUSTER > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
     }
 };
+// KernelCta whose grid size is read from the special register at each use
+// (asm volatile: never hoisted into a register held across a loop), for a
+// warp whose registers are too few to hold it (kv_copier, fwd_producer.cuh).
+struct KernelCtaRereads : KernelCta {
+    __device__ __forceinline__ int grid() const {
+        return FA3C_FWD_CLUSTER > 1 ? (int)cluster_count_x() : (int)grid_ctas_x();
+    }
+};
 struct HostCta {
     int grid_size, cta_index;
     __host__ __device__ __forceinline__ int grid() const { return grid_size; }
