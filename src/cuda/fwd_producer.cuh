@@ -2,7 +2,7 @@
 // the producer (one thread, or in the variable-length instances warp 0)
 // streams Q and the K/V ring with TMA; in the variable-length instances
 // v_guard (warp 1) zeroes the V rows outside a sequence's keys and, for
-// small pages, kv_copier (warp 2) copies K and V with cp.async instead.
+// small pages, kv_copier (warps 2 and 3) copies K and V with cp.async instead.
 #pragma once
 #include "fwd_smem.cuh"
 #include "trace.cuh"
@@ -112,7 +112,7 @@ constexpr bool paged_copy_fits() {
 }
 
 // Whether the variable-length instance copies K and V with cp.async in
-// its kv_copier warp (small pages, fwd_params.h k_data) instead of the
+// its kv_copier warps (small pages, fwd_params.h k_data) instead of the
 // producer's TMA loads.
 template <int D, bool VARLEN>
 FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
@@ -122,7 +122,7 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
 // The cache rows of key block n's keys first .. end - 1 (page * page_size
 // + row in the page: pages are page_size rows apart, backend.c) into
 // `table`, lane j looking up keys first + j, first + 32 + j, ...; -1 for a
-// page outside the cache. ROWS: the most keys a part has (copier_part).
+// page outside the cache. ROWS: the most keys a part has (CopierPart).
 // FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a lane's lookups are in flight at
 // once: 1, one after the other; more, on keys clamped to the last one so
 // that the loads need no branch.
@@ -290,8 +290,8 @@ FA3C_DEVICE int copied_tile(int slot, bool is_v) { return 2 * slot + is_v; }
 // lane 0 tells the consumers. The copies are plain (generic proxy) smem
 // writes and wgmma reads through the async proxy: each lane waits for its
 // own copies (cp.async groups: all but the newest LEFT) and fences the
-// proxies before lane 0 arrives on k_full or v_full (count 1 each; no bytes
-// expected).
+// proxies before lane 0 arrives on k_full or v_full (one arrival per copier
+// warp; no bytes expected).
 template <int LEFT, int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void copied_tile_landed(FwdSmem<D, BLOCK_N, STAGES> &sm, int pending) {
     cp_async_wait_group<LEFT>();
@@ -353,7 +353,7 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
 // of its key blocks at which the Q buffer is already free (the producer
 // never waits for it there: that would hold back the K and V it streams
 // ahead, which short tiles need). With small pages (kv_copied) the
-// kv_copier warp streams K and V, and the producer only Q.
+// kv_copier warps stream K and V, and the producer only Q.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
@@ -434,13 +434,14 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
     }
 }
 
-// The variable-length instances' third producer warp, for small pages
-// (kv_copied): it walks the producer's key blocks and copies each one's K
-// and V with cp.async (copy_paged_kv) while the producer loads only Q. Two
-// tiles (K or V) are in flight: a tile's copies are issued, then the
-// previous tile's are waited for and handed over (copy_tile), unless a slot
-// wait found the consumers still on it (copier_wait). A warp of its own: in
-// the producer's 40 registers the copies spilled.
+// The variable-length instances' copier warps (warps 2, 3), for small pages
+// (kv_copied): each walks the producer's key blocks and copies its part of
+// each one's K and V rows (CopierPart) with cp.async (copy_paged_kv) while
+// the producer loads only Q. Per warp, two tiles (K or V) are in flight: a
+// tile's copies are issued, then the previous tile's are waited for and
+// handed over (copy_tile: one arrival per warp on the full barrier),
+// unless a slot wait found the consumers still on it (copier_wait). Warps
+// of their own: in the producer's 40 registers the copies spilled.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int part) {
     if constexpr (paged_copy_fits<D>()) {

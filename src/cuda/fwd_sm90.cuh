@@ -9,7 +9,7 @@
 //                their own lengths, seqused_k or cu_seqlens, and paged KV)
 //                a second warp zeroes the V rows outside a sequence's keys
 //                before P·V reads them (v_guard), and for pages of a few
-//                keys a third copies K and V with cp.async (kv_copier);
+//                keys two more copy K and V with cp.async (kv_copier);
 //   warpgroups 1, 2  consumers: 64 rows each. Per key block:
 //                S = Q·Kᵀ (wgmma, smem x smem), mask, online softmax,
 //                O += P·V (wgmma, P from registers).

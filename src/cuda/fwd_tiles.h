@@ -301,13 +301,16 @@
 #ifndef FA3C_FWD_COPIER_WARPS
 #define FA3C_FWD_COPIER_WARPS 2
 #endif
+#if FA3C_FWD_COPIER_WARPS != 1 && FA3C_FWD_COPIER_WARPS != 2
+#error "FA3C_FWD_COPIER_WARPS: 1 or 2 (warps 2 and 3 of the producer warpgroup)"
+#endif
 /* Page-table loads a copier lane has in flight when it looks up its part of
  * a key block (fwd_producer.cuh, look_up_cache_rows; V reuses K's
- * lookups): 2, all of a part's lookups at once with two copier warps (64
- * rows, 40 at hdim 256); 1, one after the other. Spill-free with two warps;
- * with one warp only 1 is (more spills 20 bytes at hdim 64). */
+ * lookups): by default 2 with two copier warps, all of a part's lookups at
+ * once (64 rows, 40 at hdim 256), and 1 with one warp, one after the other
+ * (more spills 20 bytes at hdim 64 there). */
 #ifndef FA3C_FWD_COPY_LOOKUPS
-#define FA3C_FWD_COPY_LOOKUPS 2
+#define FA3C_FWD_COPY_LOOKUPS FA3C_FWD_COPIER_WARPS
 #endif
 
 #endif
