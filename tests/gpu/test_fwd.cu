@@ -933,6 +933,12 @@ TEST(fwd_paged_kv) {
     run_case("hdim256, pages of 12", paged_case(used_case(base_case(FP16, 2, 64, 300, 2, 256), 299, 13, 0, 0), 12));
     run_case("hdim192 causal, pages of 17", paged_case(used_case(causal_case(BF16, 2, 50, 300, 2, 192), 300, 18, 0, 0), 17));
     run_case("hdim96, pages of 6", paged_case(used_case(base_case(BF16, 2, 33, 250, 2, 96), 250, 7, 0, 0), 6));
+    // Key counts at the edges of the copier warps' halves of a block (64 of 128 keys; 40 of 80 at hdim
+    // 256): the second warp with no rows, one row, and all of its rows.
+    run_case("hdim128, pages of 1, halves' edges",
+             paged_case(used_case(base_case(BF16, 4, 20, 200, 2, 128), 64, 65, 192, 127), 1));
+    run_case("hdim256, pages of 2, halves' edges",
+             paged_case(used_case(base_case(BF16, 4, 20, 200, 2, 256), 40, 41, 120, 79), 2));
     // 8 x 10 x 2 = 160 tiles: CTAs take several, so the copier waits for the last tile's O stores to read
     // the V slot hdim 256 stages O in (o_free).
     run_case("hdim256 causal, pages of 1, 160 tiles",
