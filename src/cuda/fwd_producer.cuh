@@ -318,7 +318,7 @@ template <int D, int BLOCK_N, int STAGES, bool IS_V>
 FA3C_DEVICE void copy_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int s,
                            int n, int part, int &pending) {
     fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes
-    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(&sm.copy_rows), p, t, n, part);
+    copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
     cp_async_commit();
     if (pending >= 0) copied_tile_landed<1>(sm, pending);
     pending = copied_tile(s, IS_V);
@@ -402,6 +402,22 @@ FA3C_DEVICE void zero_rows(uint8_t *tile, int from, int to, int lane) {
         for (int u = first + lane; u < end; u += 32) st_shared_zero16(base + (c * UNITS + u) * 16);
 }
 
+// With FA3C_FWD_COPY_ASYNC_ARRIVE: the copier's K of slot s has landed
+// (k_landed, the copier lanes' cp.async arrivals); lane 0 fences the
+// proxies, so that wgmma (the async proxy) sees the copies, and lets the
+// consumers read the slot (k_full).
+template <int D, int BLOCK_N, int STAGES>
+FA3C_DEVICE void relay_copied_k(FwdSmem<D, BLOCK_N, STAGES> &sm, int s, uint32_t parity) {
+    if constexpr (paged_copy_fits<D>()) {
+        if (threadIdx.x % 32 == 0) {
+            mbar_wait_parity(&sm.copier.k_landed[s], parity);
+            fence_proxy_async_smem();
+            mbar_arrive(&sm.k_full[s]);
+        }
+        __syncwarp();
+    }
+}
+
 // The variable-length instances' second producer warp. It walks the
 // producer's key blocks; once a V tile has landed, it zeroes the rows past
 // the sequence's last key, then lets the consumers read the slot (v_ready,
@@ -413,6 +429,10 @@ FA3C_DEVICE void zero_rows(uint8_t *tile, int from, int to, int lane) {
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     const int lane = threadIdx.x % 32;
+    // With FA3C_FWD_COPY_ASYNC_ARRIVE the copier's copies arrive on their
+    // barriers as they land, and this warp, whose own copies are none, makes
+    // them visible to wgmma (the async proxy) for the consumers.
+    const bool relays = FA3C_FWD_COPY_ASYNC_ARRIVE && kv_copied<D, true>(p);
     int ring = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
@@ -420,6 +440,7 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
         if (tile_is_empty(t)) continue;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             const int s = stage_of(ring, STAGES);
+            if (relays) relay_copied_k(sm, s, phase_of(ring, STAGES));
             mbar_wait_parity(&sm.v_full[s], phase_of(ring, STAGES));
             // Rows [first, end) hold keys of the sequence (key0 + n BLOCK_N + row in [0, keys)); end >= 1:
             // the tile needs a key of block n; first > 0 only for packed keys' first block.
@@ -428,6 +449,8 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
                 zero_rows<D, BLOCK_N>(sm.v[s], 0, first, lane);
                 zero_rows<D, BLOCK_N>(sm.v[s], end, BLOCK_N, lane);
                 fence_proxy_async_smem();   // the zeros, before P·V (wgmma: the async proxy) reads them
+            } else if (relays) {
+                fence_proxy_async_smem();   // the copier's V, as its K above
             }
             mbar_arrive(&sm.v_ready[s]);   // every lane: each one's zeros are released by its own arrival
         }
@@ -444,7 +467,34 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
 // of their own: in the producer's 40 registers the copies spilled.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int part) {
-    if constexpr (paged_copy_fits<D>()) {
+    if constexpr (paged_copy_fits<D>() && FA3C_FWD_COPY_ASYNC_ARRIVE) {
+        if (!kv_copied<D, true>(p)) return;
+        // Each lane's copies of a tile arrive on its barrier once landed
+        // (k_landed, which v_guard hands on to k_full; v_full): no tile is
+        // waited for here, so the copier runs as far ahead as the ring.
+        int ring = 0, tiles = 0;
+        for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {
+            if (tile == SKIP_STEP) continue;
+            const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
+            if (tile_is_empty(t)) continue;
+            const int tile_count = tiles++;   // as the producer counts them (o_free)
+            for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
+                const int s = stage_of(ring, STAGES);
+                const uint32_t free_parity = phase_of(ring, STAGES) ^ 1;
+                mbar_wait_parity(&sm.k_empty[s], free_parity);
+                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
+                copy_paged_kv<D, BLOCK_N, false>(sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
+                cp_async_arrive_noinc(&sm.copier.k_landed[s]);
+                mbar_wait_parity(&sm.v_empty[s], free_parity);
+                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count))
+                    mbar_wait_parity(&sm.o_free, o_free_parity(tile_count));
+                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
+                copy_paged_kv<D, BLOCK_N, true>(sm.v[s], smem_addr(sm.copier.row), p, t, n, part);
+                cp_async_arrive_noinc(&sm.v_full[s]);
+            }
+        }
+        cp_async_wait_all();   // nothing left in flight when the warp exits
+    } else if constexpr (paged_copy_fits<D>()) {
         if (!kv_copied<D, true>(p)) return;
         int ring = 0, tiles = 0, pending = -1;
         for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {

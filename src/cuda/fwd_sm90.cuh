@@ -66,10 +66,14 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));             // one per consumer warp
         mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D) * cluster);        // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
-            // One arrival per copier warp when kv_copier copies K and V (kv_copied), else the producer's.
-            const int fills = kv_copied<D, VARLEN>(p) ? FA3C_FWD_COPIER_WARPS : 1;
-            mbar_init(&sm.k_full[s], fills);
-            mbar_init(&sm.v_full[s], fills);
+            // Who fills a slot: the producer's TMA (one arrival), or when kv_copier copies K and V
+            // (kv_copied) one arrival per copier warp, or with FA3C_FWD_COPY_ASYNC_ARRIVE one per
+            // copier lane, on k_landed (v_guard then arrives on k_full) and v_full.
+            const bool copied = kv_copied<D, VARLEN>(p), lanes = copied && FA3C_FWD_COPY_ASYNC_ARRIVE;
+            mbar_init(&sm.k_full[s], copied && !lanes ? FA3C_FWD_COPIER_WARPS : 1);
+            mbar_init(&sm.v_full[s], !copied ? 1 : lanes ? 32 * FA3C_FWD_COPIER_WARPS : FA3C_FWD_COPIER_WARPS);
+            if constexpr (paged_copy_fits<D>())
+                if (lanes) mbar_init(&sm.copier.k_landed[s], 32 * FA3C_FWD_COPIER_WARPS);
             mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             if (VARLEN) mbar_init(&sm.v_ready[s], 32);   // v_guard's lanes

@@ -52,15 +52,18 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
-// kv_copier's page lookups of one key block (copy_paged_kv) in smem, a row
-// per key, where the copies read them (a register array of them spilled the
-// copier's 32-40 registers); V of a block reuses K's.
-template <int BLOCK_N>
-struct CopyRows {
+// kv_copier's smem: the page lookups of one key block (copy_paged_kv), a
+// row per key, where the copies read them (a register array of them spilled
+// the copier's 32-40 registers; V of a block reuses K's), and with
+// FA3C_FWD_COPY_ASYNC_ARRIVE the barriers its copies of K arrive on once
+// landed (v_guard hands them on to k_full).
+template <int BLOCK_N, int STAGES>
+struct CopierSmem {
+    uint64_t k_landed[STAGES];
     int row[BLOCK_N];
 };
-template <>
-struct CopyRows<0> {};
+template <int STAGES>
+struct CopierSmem<0, STAGES> {};
 
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
@@ -75,7 +78,7 @@ struct FwdSmem {
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     uint64_t v_ready[STAGES];  // variable-length instances: V slot landed and guarded (v_guard)
-    CopyRows<FA3C_FWD_PAGED_COPY_FITS(D) ? BLOCK_N : 0> copy_rows;   // kv_copier's page lookups
+    CopierSmem<FA3C_FWD_PAGED_COPY_FITS(D) ? BLOCK_N : 0, STAGES> copier;   // kv_copier's page lookups
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 

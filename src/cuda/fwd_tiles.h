@@ -312,5 +312,16 @@
 #ifndef FA3C_FWD_COPY_LOOKUPS
 #define FA3C_FWD_COPY_LOOKUPS FA3C_FWD_COPIER_WARPS
 #endif
+/* How the copier hands a landed tile over. 0: each lane waits for its
+ * copies (cp.async.wait_group, one tile kept in flight) and fences the
+ * proxies, then lane 0 arrives on the full barrier. 1: each lane arrives on
+ * the barrier with cp.async.mbarrier.arrive.noinc once its copies land, and
+ * never waits for them; v_guard, which has no copies in flight, observes
+ * the barrier, fences and arrives for the consumers (fwd_producer.cuh,
+ * v_guard). For A/B: 0's fence is a MEMBAR that may wait for the next
+ * tile's copies too. */
+#ifndef FA3C_FWD_COPY_ASYNC_ARRIVE
+#define FA3C_FWD_COPY_ASYNC_ARRIVE 0
+#endif
 
 #endif

@@ -282,6 +282,16 @@ FA3C_DEVICE void cp_async_16(uint32_t dst, const void *src, bool valid) {
 // Close a group of this thread's cp.async copies (cp_async_wait_group).
 FA3C_DEVICE void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+// Arrive on `bar` once all of this thread's cp.async copies issued so far
+// have landed (asynchronously: the thread goes on). .noinc: the arrival is
+// one of the count the barrier was initialised with (PTX ISA 9.7.9.11).
+FA3C_DEVICE void cp_async_arrive_noinc(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Wait until every cp.async copy of this thread has landed, in a group or not.
+FA3C_DEVICE void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // Wait until all but the newest LEFT of this thread's cp.async groups have
 // landed in smem.
 template <int LEFT>
