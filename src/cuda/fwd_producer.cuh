@@ -180,7 +180,8 @@ struct CopierPart {
 // (load_paged_kv). Rows past the sequence's last key are not copied
 // (v_guard, masks); a page index outside the cache copies zeros (as TMA's
 // bounds would), never reads outside it. Returns once the lane's copies are
-// issued (kv_copier commits and waits for them).
+// issued (kv_copier hands them over: copy_tile, or with
+// FA3C_FWD_COPY_ASYNC_ARRIVE their own arrivals).
 template <int D, int BLOCK_N, bool IS_V>
 FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n,
                                int part) {
@@ -486,8 +487,13 @@ FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
                 copy_paged_kv<D, BLOCK_N, false>(sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
                 cp_async_arrive_noinc(&sm.copier.k_landed[s]);
                 mbar_wait_parity(&sm.v_empty[s], free_parity);
-                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count))
+                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count)) {
                     mbar_wait_parity(&sm.o_free, o_free_parity(tile_count));
+                    // The O stores (TMA: the async proxy) read this slot; their completion was
+                    // observed with a bulk wait_group.read, for which the PTX ISA promises no
+                    // implicit proxy fence: one here, once per tile.
+                    fence_proxy_async_smem();
+                }
                 if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
                 copy_paged_kv<D, BLOCK_N, true>(sm.v[s], smem_addr(sm.copier.row), p, t, n, part);
                 cp_async_arrive_noinc(&sm.v_full[s]);
