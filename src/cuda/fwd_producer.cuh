@@ -186,13 +186,17 @@ template <int D, int BLOCK_N, bool IS_V>
 FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kernel_params &p, const FwdTile &t, int n,
                                int part) {
     typedef TileLayout<D> L;
-    enum { UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS, ROWS = CopierPart<BLOCK_N>::ROWS };
+    enum {
+        UNITS = D * 2 / 16, ROW_UNITS = L::ROW_BYTES / 16, PASS_ROWS = 32 / UNITS,
+        ROWS = CopierPart<BLOCK_N>::ROWS
+    };
     static_assert(32 % UNITS == 0, "copy_paged_kv: a key row's units must divide the warp");
     // Opaque lane, part and head: else ptxas hoists what they give (the
     // lane's places, 64-bit head offsets for K and V) out of kv_copier's
     // loops and spills them from its 32-40 registers.
     const int lane = (int)opaque_u32(threadIdx.x % 32);
-    const int first = (int)opaque_u32(part) * ROWS, end = min(first + ROWS, t.seqlen_k - n * BLOCK_N);   // this part's rows
+    // This part's rows of the block: [first, end).
+    const int first = (int)opaque_u32(part) * ROWS, end = min(first + ROWS, t.seqlen_k - n * BLOCK_N);
     if (!IS_V) look_up_cache_rows<BLOCK_N, ROWS>(table, p, t, n, first, end);
     // This lane's unit of a row: its smem address in the slot, and its source column.
     const uint32_t unit =
@@ -303,10 +307,11 @@ FA3C_DEVICE void copied_tile_landed(FwdSmem<D, BLOCK_N, STAGES> &sm, int pending
 
 // kv_copier's wait for a slot (or o_free): if it is not free yet, the tile
 // in flight is finished first, as the consumers may need it to free the
-// slot (they release V of block j - 1 after S of block j).
+// slot (they release V of block j - 1 after S of block j). With
+// FA3C_FWD_COPY_ASYNC_ARRIVE no tile is held back: a plain wait.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void copier_wait(FwdSmem<D, BLOCK_N, STAGES> &sm, uint64_t *bar, uint32_t parity, int &pending) {
-    if (pending >= 0 && !__shfl_sync(~0u, mbar_test_wait_parity(bar, parity), 0)) {
+    if (!FA3C_FWD_COPY_ASYNC_ARRIVE && pending >= 0 && !__shfl_sync(~0u, mbar_test_wait_parity(bar, parity), 0)) {
         copied_tile_landed<0>(sm, pending);
         pending = -1;
     }
@@ -314,10 +319,18 @@ FA3C_DEVICE void copier_wait(FwdSmem<D, BLOCK_N, STAGES> &sm, uint64_t *bar, uin
 }
 
 // kv_copier: K or V of block n into slot s, then the tile before it handed
-// over (its copies overlap this tile's issue).
+// over (its copies overlap this tile's issue). With
+// FA3C_FWD_COPY_ASYNC_ARRIVE each lane's copies arrive on their barrier
+// once landed instead (k_landed, which v_guard hands on to k_full; v_full),
+// and nothing is waited for here.
 template <int D, int BLOCK_N, int STAGES, bool IS_V>
 FA3C_DEVICE void copy_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int s,
                            int n, int part, int &pending) {
+    if constexpr (FA3C_FWD_COPY_ASYNC_ARRIVE) {
+        copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
+        cp_async_arrive_noinc(IS_V ? &sm.v_full[s] : &sm.copier.k_landed[s]);
+        return;
+    }
     fence_proxy_async_smem();   // the consumers' wgmma reads of the slot, before these writes
     copy_paged_kv<D, BLOCK_N, IS_V>(IS_V ? sm.v[s] : sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
     cp_async_commit();
@@ -464,43 +477,13 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
 // the producer loads only Q. Per warp, two tiles (K or V) are in flight: a
 // tile's copies are issued, then the previous tile's are waited for and
 // handed over (copy_tile: one arrival per warp on the full barrier),
-// unless a slot wait found the consumers still on it (copier_wait). Warps
-// of their own: in the producer's 40 registers the copies spilled.
+// unless a slot wait found the consumers still on it (copier_wait); with
+// FA3C_FWD_COPY_ASYNC_ARRIVE the copies arrive on their own and nothing is
+// waited for but the slots. Warps of their own: in the producer's 40
+// registers the copies spilled.
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, int part) {
-    if constexpr (paged_copy_fits<D>() && FA3C_FWD_COPY_ASYNC_ARRIVE) {
-        if (!kv_copied<D, true>(p)) return;
-        // Each lane's copies of a tile arrive on its barrier once landed
-        // (k_landed, which v_guard hands on to k_full; v_full): no tile is
-        // waited for here, so the copier runs as far ahead as the ring.
-        int ring = 0, tiles = 0;
-        for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {
-            if (tile == SKIP_STEP) continue;
-            const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
-            if (tile_is_empty(t)) continue;
-            const int tile_count = tiles++;   // as the producer counts them (o_free)
-            for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-                const int s = stage_of(ring, STAGES);
-                const uint32_t free_parity = phase_of(ring, STAGES) ^ 1;
-                mbar_wait_parity(&sm.k_empty[s], free_parity);
-                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
-                copy_paged_kv<D, BLOCK_N, false>(sm.k[s], smem_addr(sm.copier.row), p, t, n, part);
-                cp_async_arrive_noinc(&sm.copier.k_landed[s]);
-                mbar_wait_parity(&sm.v_empty[s], free_parity);
-                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count)) {
-                    mbar_wait_parity(&sm.o_free, o_free_parity(tile_count));
-                    // The O stores (TMA: the async proxy) read this slot; their completion was
-                    // observed with a bulk wait_group.read, for which the PTX ISA promises no
-                    // implicit proxy fence: one here, once per tile.
-                    fence_proxy_async_smem();
-                }
-                if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
-                copy_paged_kv<D, BLOCK_N, true>(sm.v[s], smem_addr(sm.copier.row), p, t, n, part);
-                cp_async_arrive_noinc(&sm.v_full[s]);
-            }
-        }
-        cp_async_wait_all();   // nothing left in flight when the warp exits
-    } else if constexpr (paged_copy_fits<D>()) {
+    if constexpr (paged_copy_fits<D>()) {
         if (!kv_copied<D, true>(p)) return;
         int ring = 0, tiles = 0, pending = -1;
         for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {
@@ -515,12 +498,18 @@ FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
                 if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_K_SLOT_FREE);
                 copy_tile<D, BLOCK_N, STAGES, false>(p, sm, t, s, n, part, pending);
                 copier_wait(sm, &sm.v_empty[s], free_parity, pending);
-                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count))
+                if (v_waits_o_free<D, BLOCK_N, STAGES>(n == t.n_end - 1, tile_count)) {
                     copier_wait(sm, &sm.o_free, o_free_parity(tile_count), pending);
+                    // The O stores (TMA: the async proxy) read this slot; their completion was observed
+                    // with a bulk wait_group.read, for which the PTX ISA promises no implicit proxy
+                    // fence (copy_tile fences each slot but with FA3C_FWD_COPY_ASYNC_ARRIVE).
+                    if (FA3C_FWD_COPY_ASYNC_ARRIVE) fence_proxy_async_smem();
+                }
                 if (part == 0) trace(FA3C_TRACE_PRODUCER, ring, TR_V_SLOT_FREE);
                 copy_tile<D, BLOCK_N, STAGES, true>(p, sm, t, s, n, part, pending);
             }
         }
         if (pending >= 0) copied_tile_landed<0>(sm, pending);
+        if (FA3C_FWD_COPY_ASYNC_ARRIVE) cp_async_wait_all();   // nothing left in flight when the warp exits
     }
 }
