@@ -284,7 +284,8 @@ FA3C_DEVICE void cp_async_commit(void) { asm volatile("cp.async.commit_group;" :
 
 // Arrive on `bar` once all of this thread's cp.async copies issued so far
 // have landed (asynchronously: the thread goes on). .noinc: the arrival is
-// one of the count the barrier was initialised with (PTX ISA 9.7.9.11).
+// one of the count the barrier was initialised with (PTX ISA,
+// cp.async.mbarrier.arrive).
 FA3C_DEVICE void cp_async_arrive_noinc(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }

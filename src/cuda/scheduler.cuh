@@ -144,10 +144,11 @@ struct KernelCta {
 // KernelCta whose grid size is read from the special register at each use
 // (asm volatile: never hoisted into a register held across a loop), for a
 // warp whose registers are too few to hold it (kv_copier, fwd_producer.cuh).
-struct KernelCtaRereads : KernelCta {
+struct KernelCtaRereads {
     __device__ __forceinline__ int grid() const {
         return FA3C_FWD_CLUSTER > 1 ? (int)cluster_count_x() : (int)grid_ctas_x();
     }
+    __device__ __forceinline__ int index() const { return KernelCta().index(); }
 };
 struct HostCta {
     int grid_size, cta_index;
