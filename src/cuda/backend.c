@@ -313,25 +313,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)))
         return s;
-    /* Pages whose boxes would be a few rows: cp.async copies instead, in the
-     * head dims whose key rows are 8, 16 or 32 units of 16 bytes, and caches
-     * whose pages are page_size rows apart with under 2^31 rows in all (the
-     * copier finds a key by its 32-bit row in the cache, and a row's
-     * stride in bytes fits 32 bits; fwd_params.h). With pages of one row the
-     * row stride is the page's (a dimension of extent 1 may have any stride). */
-    int64_t k_row = pr->page_size == 1 ? p->k.stride[0] : p->k.stride[1];
-    int64_t v_row = pr->page_size == 1 ? p->v.stride[0] : p->v.stride[1];
-    if (pr->page_table && k.page_rows < FA3C_FWD_PAGED_COPY_BELOW && FA3C_FWD_PAGED_COPY_FITS(pr->headdim) &&
-        p->k.stride[0] == pr->page_size * k_row && p->v.stride[0] == pr->page_size * v_row &&
-        k_row <= INT_MAX / 2 && v_row <= INT_MAX / 2 && (int64_t)pr->num_pages * pr->page_size <= INT_MAX) {
-        k.k_data = p->k.data;
-        k.v_data = p->v.data;
-        k.num_pages = pr->num_pages;
-        for (int i = 0; i < 3; i++) {
-            k.k_stride[i] = i == 1 ? k_row : p->k.stride[i];
-            k.v_stride[i] = i == 1 ? v_row : p->v.stride[i];
-        }
-    }
+    /* Pages whose boxes would be a few rows: cp.async copies instead (kv_copier). */
+    fa3c_fwd_plan_paged_copies(&k, pr, &p->k, &p->v, FA3C_FWD_PAGED_COPY_BELOW);
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];

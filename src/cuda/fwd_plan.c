@@ -33,6 +33,25 @@ static int gcd(int a, int b) {
 
 int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(block_n, pr->page_size); }
 
+int fa3c_fwd_plan_paged_copies(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, const fa3c_tensor *kt,
+                               const fa3c_tensor *vt, int copy_below) {
+    k->k_data = k->v_data = NULL;
+    if (!pr->page_table || k->page_rows >= copy_below || !FA3C_FWD_PAGED_COPY_ROWS_FIT(pr->headdim)) return 0;
+    int64_t k_row = pr->page_size == 1 ? kt->stride[0] : kt->stride[1];
+    int64_t v_row = pr->page_size == 1 ? vt->stride[0] : vt->stride[1];
+    if (k_row > INT32_MAX / 2 || v_row > INT32_MAX / 2 || kt->stride[0] != pr->page_size * k_row ||
+        vt->stride[0] != pr->page_size * v_row || (int64_t)pr->num_pages * pr->page_size > INT32_MAX)
+        return 0;
+    k->k_data = kt->data;
+    k->v_data = vt->data;
+    k->num_pages = pr->num_pages;
+    for (int i = 0; i < 3; i++) {
+        k->k_stride[i] = i == 1 ? k_row : kt->stride[i];
+        k->v_stride[i] = i == 1 ? v_row : vt->stride[i];
+    }
+    return 1;
+}
+
 /* GQA packing (fwd_params.h): the query heads that share a KV head go into
  * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
  * short (decode): each K/V block is then loaded once for all of them, and

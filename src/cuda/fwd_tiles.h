@@ -292,8 +292,10 @@
 #define FA3C_FWD_PAGED_COPY_BELOW 0
 #endif
 /* Head dims the copier serves: a key row's 16-byte units (D / 8) divide the
- * warp, so each pass copies whole rows (64, 128, 256). */
-#define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && 32 % ((D) / 8) == 0)
+ * warp, so each pass copies whole rows (64, 128, 256); FITS: and it is
+ * compiled in. */
+#define FA3C_FWD_PAGED_COPY_ROWS_FIT(D) (32 % ((D) / 8) == 0)
+#define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && FA3C_FWD_PAGED_COPY_ROWS_FIT(D))
 /* Warps of the producer warpgroup that copy with cp.async (kv_copier),
  * each its part of every tile's rows: 2 (warps 2 and 3) or 1 (warp 2). One
  * warp issues ~25 instructions per 16-byte copy per lane (SASS): 512 bytes

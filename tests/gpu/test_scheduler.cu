@@ -484,6 +484,68 @@ TEST(scheduler_paged_kv_plan) {
           p.cluster);
 }
 
+// Which paged calls the cp.async copier takes (fa3c_fwd_plan_paged_copies),
+// for a build with FA3C_FWD_PAGED_COPY_BELOW = 8 (the threshold is an
+// argument, so CI checks the rule whatever the build's).
+static int paged_copies(fa3c_problem *pr, const fa3c_tensor *kt, const fa3c_tensor *vt, int copy_below,
+                        fa3c_fwd_kernel_params *p) {
+    memset(p, 0, sizeof *p);
+    p->page_rows = fa3c_fwd_plan_page_rows(pr, 128);
+    return fa3c_fwd_plan_paged_copies(p, pr, kt, vt, copy_below);
+}
+
+TEST(scheduler_paged_copies_plan) {
+    static char cache[64];   // never read: only the pointers are compared
+    const int32_t table[1] = {0};
+    fa3c_problem pr;
+    memset(&pr, 0, sizeof pr);
+    pr.page_table = table;
+    pr.page_table_stride = 1;
+    pr.page_size = 1;
+    pr.num_pages = 1000;
+    pr.headdim = 128;
+    // Pages of one key of 8 heads: the row stride of the extent-1 dim is anything; the page's counts.
+    fa3c_tensor kt = {cache, {8 * 128, 12345, 128, 1}}, vt = {cache + 16, {8 * 128, 7, 128, 1}};
+    fa3c_fwd_kernel_params p;
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 1 && p.k_data == cache && p.v_data == cache + 16 &&
+              p.num_pages == 1000 && p.k_stride[0] == 1024 && p.k_stride[1] == 1024 && p.k_stride[2] == 128 &&
+              p.v_stride[1] == 1024,
+          "pages of 1: taken %d, strides %lld %lld %lld", p.k_data != NULL, (long long)p.k_stride[0],
+          (long long)p.k_stride[1], (long long)p.k_stride[2]);
+    CHECK(paged_copies(&pr, &kt, &vt, 0, &p) == 0 && p.k_data == NULL, "copier compiled out: not taken");
+    const int dims[5][2] = {{64, 1}, {96, 0}, {128, 1}, {192, 0}, {256, 1}};   // whole rows per pass
+    for (int i = 0; i < 5; i++) {
+        pr.headdim = dims[i][0];
+        CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == dims[i][1], "hdim %d: taken %d", dims[i][0], p.k_data != NULL);
+    }
+    pr.headdim = 128;
+    // Pages of 4 keys, 4 rows apart (boxes of 4 rows): taken, rows 1024 elements apart.
+    pr.page_size = 4;
+    kt.stride[0] = vt.stride[0] = 4 * 1024;
+    kt.stride[1] = vt.stride[1] = 1024;
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 1 && p.k_stride[1] == 1024, "pages of 4: taken %d",
+          p.k_data != NULL);
+    vt.stride[0] = 5 * 1024;   // V's pages padded: not page_size rows apart
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "padded V pages: taken");
+    vt.stride[0] = 4 * 1024;
+    pr.page_size = 16;         // boxes of 16 rows: TMA
+    kt.stride[0] = vt.stride[0] = 16 * 1024;
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "pages of 16: taken");
+    CHECK(paged_copies(&pr, &kt, &vt, 17, &p) == 1, "pages of 16 below 17: not taken");
+    pr.page_size = 4;
+    kt.stride[0] = vt.stride[0] = 4 * 1024;
+    pr.num_pages = 1 << 29;    // 2^31 rows: past the copier's 32-bit rows
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "2^31 rows: taken");
+    pr.num_pages = 1000;
+    kt.stride[1] = (int64_t)1 << 30;   // rows 2^31 bytes apart
+    kt.stride[0] = 4 * kt.stride[1];
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "rows 2^31 bytes apart: taken");
+    kt.stride[1] = 1024;
+    kt.stride[0] = 4 * 1024;
+    pr.page_table = NULL;
+    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "no page table: taken");
+}
+
 TEST(scheduler_random_plans) {
     int packed_splits = 0;
     for (int i = 0; i < 3000; i++) {
