@@ -104,7 +104,7 @@ FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *b
     }
 }
 
-// Whether copy_paged_kv serves head dim D (fwd_tiles.h; backend.c sets
+// Whether copy_paged_kv serves head dim D (fwd_tiles.h; the plan sets
 // p.k_data for those only).
 template <int D>
 constexpr bool paged_copy_fits() {
@@ -120,7 +120,7 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
 }
 
 // The cache rows of key block n's keys first .. end - 1 (page * page_size
-// + row in the page: pages are page_size rows apart, backend.c) into
+// + row in the page: pages are page_size rows apart: fa3c_fwd_plan_paged_copies) into
 // `table`, lane j looking up keys first + j, first + 32 + j, ...; -1 for a
 // page outside the cache. ROWS: the most keys a part has (CopierPart).
 // FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a lane's lookups are in flight at
@@ -204,7 +204,7 @@ FA3C_DEVICE void copy_paged_kv(uint8_t *dst, uint32_t table, const fa3c_fwd_kern
     const int64_t *stride = IS_V ? p.v_stride : p.k_stride;
     const uint8_t *src = (const uint8_t *)(IS_V ? p.v_data : p.k_data) + (lane % UNITS) * 16 +
                          (int)opaque_u32(t.head_kv) * stride[2] * 2;
-    const uint32_t row_bytes = (uint32_t)stride[1] * 2;   // < 2^31: backend.c
+    const uint32_t row_bytes = (uint32_t)stride[1] * 2;   // < 2^31: fa3c_fwd_plan_paged_copies
     // One row per pass, its cache row loaded a pass ahead (the smem latency
     // off the issue path; unrolling instead spilled the copier's registers).
     int row = first + lane / UNITS, src_row = row < end ? ld_shared_s32(table + 4 * row) : 0;
