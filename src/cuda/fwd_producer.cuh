@@ -120,9 +120,9 @@ FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
 }
 
 // The cache rows of key block n's keys first .. end - 1 (page * page_size
-// + row in the page: pages are page_size rows apart: fa3c_fwd_plan_paged_copies) into
-// `table`, lane j looking up keys first + j, first + 32 + j, ...; -1 for a
-// page outside the cache. ROWS: the most keys a part has (CopierPart).
+// + row in the page: pages are page_size rows apart, as
+// fa3c_fwd_plan_paged_copies checks) into `table`, lane j looking up keys
+// first + j, first + 32 + j, ...; -1 for a page outside the cache. ROWS: the most keys a part has (CopierPart).
 // FA3C_FWD_COPY_LOOKUPS (fwd_tiles.h) of a lane's lookups are in flight at
 // once: 1, one after the other; more, on keys clamped to the last one so
 // that the loads need no branch.
