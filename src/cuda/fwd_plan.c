@@ -36,7 +36,8 @@ int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(bl
 int fa3c_fwd_plan_paged_copies(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, const fa3c_tensor *kt,
                                const fa3c_tensor *vt, int copy_below) {
     k->k_data = k->v_data = NULL;
-    if (!pr->page_table || k->page_rows >= copy_below || !FA3C_FWD_PAGED_COPY_ROWS_FIT(pr->headdim)) return 0;
+    if (!pr->page_table || k->page_rows >= copy_below || pr->headdim < 8 || !FA3C_FWD_PAGED_COPY_ROWS_FIT(pr->headdim))
+        return 0;
     int64_t k_row = pr->page_size == 1 ? kt->stride[0] : kt->stride[1];
     int64_t v_row = pr->page_size == 1 ? vt->stride[0] : vt->stride[1];
     if (k_row > INT32_MAX / 2 || v_row > INT32_MAX / 2 || kt->stride[0] != pr->page_size * k_row ||
