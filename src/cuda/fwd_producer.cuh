@@ -237,6 +237,26 @@ FA3C_DEVICE uint32_t producer_uniform(uint32_t v) {
     return VARLEN ? __shfl_sync(~0u, v, 0) : v;
 }
 
+// K or V (IS_V) of key block n into slot s, whose wait is the caller's: the
+// paged boxes (every lane of the producer warp), or the tile (the issuer).
+template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN, bool IS_V>
+FA3C_DEVICE void load_kv_slot(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
+                              int s, int n) {
+    uint8_t *dst = IS_V ? sm.v[s] : sm.k[s];
+    const CUtensorMap *map = IS_V ? &p.v_map : &p.k_map;
+    uint64_t *full = IS_V ? &sm.v_full[s] : &sm.k_full[s];
+    if (VARLEN && p.page_table) {
+        load_paged_kv<D, BLOCK_N>(dst, map, full, p, t, n);
+        return;
+    }
+    if (!producer_issuer<VARLEN>()) return;
+    mbar_arrive_expect_tx(full, BLOCK_N * D * 2);
+    if (VARLEN && p.cu_seqlens_k)   // packed keys: from the sequence's first token, blocks from key0
+        load_kv_tile<D, BLOCK_N, PAIRED>(dst, map, full, t.k_start + t.key0 + n * BLOCK_N, t.head_kv, 0);
+    else
+        load_kv_tile<D, BLOCK_N, PAIRED>(dst, map, full, n * BLOCK_N, t.head_kv, t.batch);
+}
+
 // K of key block n into the slot of ring index r, once the slot is free.
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t, int r,
@@ -244,17 +264,7 @@ FA3C_DEVICE void produce_k(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
     int s = stage_of(r, STAGES);
     mbar_wait_parity(&sm.k_empty[s], phase_of(r, STAGES) ^ 1);
     trace(FA3C_TRACE_PRODUCER, r, TR_K_SLOT_FREE);
-    if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.k[s], &p.k_map, &sm.k_full[s], p, t, n);
-        return;
-    }
-    if (!producer_issuer<VARLEN>()) return;
-    mbar_arrive_expect_tx(&sm.k_full[s], BLOCK_N * D * 2);
-    if (VARLEN && p.cu_seqlens_k)   // packed keys: from the sequence's first token, blocks from key0
-        load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
-                                         0);
-    else
-        load_kv_tile<D, BLOCK_N, PAIRED>(sm.k[s], &p.k_map, &sm.k_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    load_kv_slot<D, BLOCK_N, STAGES, PAIRED, VARLEN, false>(p, sm, t, s, n);
 }
 
 // Whether the V load of a tile's first key block waits, besides its slot,
@@ -275,17 +285,7 @@ FA3C_DEVICE void produce_v(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
     if (v_waits_o_free<D, BLOCK_N, STAGES>(first_of_tile, tile_count))
         mbar_wait_parity(&sm.o_free, o_free_parity(tile_count));
     trace(FA3C_TRACE_PRODUCER, r, TR_V_SLOT_FREE);
-    if (VARLEN && p.page_table) {
-        load_paged_kv<D, BLOCK_N>(sm.v[s], &p.v_map, &sm.v_full[s], p, t, n);
-        return;
-    }
-    if (!producer_issuer<VARLEN>()) return;
-    mbar_arrive_expect_tx(&sm.v_full[s], BLOCK_N * D * 2);
-    if (VARLEN && p.cu_seqlens_k)
-        load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], t.k_start + t.key0 + n * BLOCK_N, t.head_kv,
-                                         0);
-    else
-        load_kv_tile<D, BLOCK_N, PAIRED>(sm.v[s], &p.v_map, &sm.v_full[s], n * BLOCK_N, t.head_kv, t.batch);
+    load_kv_slot<D, BLOCK_N, STAGES, PAIRED, VARLEN, true>(p, sm, t, s, n);
 }
 
 // kv_copier's tile in flight: 2 * slot, + 1 for V (-1: none).
