@@ -2,7 +2,6 @@
  * fa3c_fwd_params into kernel parameters (TMA descriptors, softmax
  * constants) and a launch of the right instance. */
 #include <cuda_runtime_api.h>
-#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
