@@ -6,6 +6,7 @@ its own asm string; writing them by hand invites typos. Run:
     python3 tools/gen_wgmma.py > src/cuda/wgmma.cuh
 """
 NS = (64, 80, 96, 112, 128, 176, 192, 256)
+NS_MN = (64,)   # wgmma_ss_mn: the backward's dQ = dS·K (bwd_consumer.cuh), 64 columns per warpgroup
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 def operands(n):
@@ -14,11 +15,12 @@ def operands(n):
 def body(n, ptx_type, form):
     regs = n // 2
     acc = "{" + operands(n) + "}"
-    if form == "ss":
+    if form in ("ss", "ss_mn"):
         a = f"%{regs}"
         b = f"%{regs + 1}"
         pred = f"%{regs + 2}"
-        tail = "1, 1, 0, 0"          # scale-a, scale-b, trans-a (K-major), trans-b (K-major)
+        # scale-a, scale-b, trans-a, trans-b: both K-major ("ss", S = Q·K^T) or both MN-major ("ss_mn")
+        tail = "1, 1, 0, 0" if form == "ss" else "1, 1, 1, 1"
         ins = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
     else:
         a = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
@@ -42,12 +44,14 @@ print("// wgmma.mma_async m64nNk16 with f32 accumulators (PTX ISA 9.7.15.5).")
 print("//   wgmma_ss<N, T>: D (+)= A·B, A and B from smem, both K-major (S = Q·K^T).")
 print("//   wgmma_rs<N, T>: D (+)= A·B, A from registers, B MN-major in smem (O += P·V).")
 print("//   wgmma_rsk<N, T>: D (+)= A·B, A from registers, B K-major in smem (S = Q·K^T, Q in registers).")
+print("//   wgmma_ss_mn<N, T>: D (+)= A·B, A and B from smem, both MN-major (the backward's dQ = dS·K).")
 print("// accumulate = 0 overwrites D (first k-step). T: 0 = bf16, 1 = fp16.")
 print("#pragma once")
 print('#include "ptx.cuh"\n')
 print("template <int N, int T> __device__ __forceinline__ void wgmma_ss(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
 print("template <int N, int T> __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);")
-print("template <int N, int T> __device__ __forceinline__ void wgmma_rsk(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);\n")
+print("template <int N, int T> __device__ __forceinline__ void wgmma_rsk(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);")
+print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_mn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);\n")
 for t_index, (name, ptx_type) in enumerate(TYPES):
     for n in NS:
         print(f"template <> __device__ __forceinline__ void wgmma_ss<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
@@ -56,3 +60,6 @@ for t_index, (name, ptx_type) in enumerate(TYPES):
         print(body(n, ptx_type, "rs") + "}\n")
         print(f"template <> __device__ __forceinline__ void wgmma_rsk<{n}, {t_index}>(float *d, const uint32_t *a, uint64_t desc_b, int accumulate) {{")
         print(body(n, ptx_type, "rsk") + "}\n")
+    for n in NS_MN:
+        print(f"template <> __device__ __forceinline__ void wgmma_ss_mn<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
+        print(body(n, ptx_type, "ss_mn") + "}\n")

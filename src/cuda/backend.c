@@ -183,9 +183,7 @@ static const char *dtype_name(fa3c_dtype d) {
 }
 
 static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
-    if ((uintptr_t)t->data % 16 != 0)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s.data: the CUDA backend needs 16-byte aligned tensors", name);
-    return FA3C_STATUS_OK;
+    return fa3c_tensor_map_check_aligned(name, t);
 }
 
 /* The outer and row extents of the Q (and O) and K/V maps: per sequence
@@ -371,14 +369,4 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, pr->headdim, pr->dtype == FA3C_DTYPE_FP16, stream);
     cudaFreeAsync(ws, (cudaStream_t)stream);
     return s;
-}
-
-fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
-    (void)p;
-    return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "the CUDA backward is not implemented yet (use backend CPU)");
-}
-
-fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
-    (void)stream;
-    return fa3c_cuda_bwd_supported(p);
 }

@@ -134,6 +134,15 @@ FA3C_DEVICE void tma_load_4d_multicast(void *dst, const CUtensorMap *map, uint64
         : "memory");
 }
 
+// Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from
+// global memory to smem without a tensor map; completes on `bar` like a
+// tensor load (PTX ISA 9.7.9.25, cp.async.bulk).
+FA3C_DEVICE void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
 // Store a 4-D box from smem to global (bulk-group completion).
 FA3C_DEVICE void tma_store_4d(const CUtensorMap *map, const void *src, int c0, int c1, int c2, int c3) {
     asm volatile(
@@ -404,6 +413,14 @@ FA3C_DEVICE void wait_counter_at_least(const int *counter, int target) {
     FA3C_SPIN_UNTIL(ld_acquire_gpu(counter) >= target,
                     "fa3c: counter wait timed out: block %d thread %d counter %p < %d\n", blockIdx.x, threadIdx.x,
                     counter, target);
+}
+
+// ---- atomics in global memory (PTX ISA 9.7.13.6, red) ---------------------------
+
+// addr[0] += a, addr[1] += b as one relaxed GPU-scope reduction (addr
+// 8-byte aligned; no value returned, so no round trip).
+FA3C_DEVICE void red_add_f32x2(float *addr, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
 
 // ---- arithmetic --------------------------------------------------------------

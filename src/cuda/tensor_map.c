@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "backend.h"
 
 static PFN_cuTensorMapEncodeTiled_v12000 get_encoder(void) {
@@ -36,6 +37,12 @@ static fa3c_status tma_strides(const char *name, const fa3c_tensor *t, int elem_
                               name, dim_of[i], (long long)s[i]);
         strides[i] = (cuuint64_t)bytes;
     }
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_tensor_map_check_aligned(const char *name, const fa3c_tensor *t) {
+    if ((uintptr_t)t->data % 16 != 0)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s.data: the CUDA backend needs 16-byte aligned tensors", name);
     return FA3C_STATUS_OK;
 }
 

@@ -26,6 +26,10 @@ fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_
 fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
                                    int heads, int pack, int headdim, int box_cols, int box_rows);
 
+/* NOT_SUPPORTED (with a message naming `name`) unless t->data is 16-byte
+ * aligned, as TMA and the kernels' vector stores need. */
+fa3c_status fa3c_tensor_map_check_aligned(const char *name, const fa3c_tensor *t);
+
 /* NOT_SUPPORTED (with a message naming `name`) unless t's strides suit TMA:
  * positive multiples of 16 bytes for every dim of extent > 1. */
 fa3c_status fa3c_tensor_map_check(const char *name, const fa3c_tensor *t, int elem_bytes, int batch, int seqlen,

@@ -4,6 +4,7 @@
 // layouts independently of TMA.
 #include "gpu_util.cuh"
 #include "../../src/cuda/wgmma.cuh"
+#include "../../src/cuda/bwd_sm90.cuh"   // store_ds, gemm_dq: the backward's dQ = dS·K
 
 extern __shared__ __align__(1024) uint8_t smem_raw[];
 
@@ -216,6 +217,96 @@ TEST(wgmma_rs_pv_64x128x64) {
     printf("wgmma rs max abs error %.3g\n", maxerr);
     CHECK(maxerr < 1e-3, "max error %g", maxerr);
     cudaFree(dp); cudaFree(dv); cudaFree(dout);
+}
+
+// The backward's dQ = dS·K with the kernel's own helpers (bwd_sm90.cuh):
+// dSᵀ (128 keys x 64 queries, given as bf16, key-major) goes into A
+// fragments and through store_ds (stmatrix) to the dS buffer, K (128 keys x
+// 128 columns) is staged as the TMA would land it, and gemm_dq reads both
+// MN-major (wgmma_ss_mn). out: dQ (64 x 128) from hdim 128's split (columns
+// [64 wg, +64) over all keys, wg = 0, 1), then dQ of K's first 64 columns
+// from hdim 64's split (all columns over keys [64 wg, +64), the two summed).
+__global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *k, float *out, float *out64) {
+    uint8_t *sk = smem_base(), *sk64 = sk + 128 * 128 * 2, *sds = sk64 + 128 * 64 * 2;
+    for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+        int r = i / 128, c = i % 128;
+        *(__nv_bfloat16 *)(sk + sw128_offset(128, r, c)) = k[i];
+        if (c < 64) *(__nv_bfloat16 *)(sk64 + sw128_offset(128, r, c)) = k[i];
+    }
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const uint16_t *d16 = (const uint16_t *)dst;
+    for (int half = 0; half < 2; half++) {   // store_ds writes a warpgroup's 64 key rows: both halves here
+        uint32_t frag[4][4];
+        for (int kk = 0; kk < 4; kk++)
+            for (int j = 0; j < 4; j++) {
+                int row = half * 64 + 16 * w + g + 8 * (j % 2), col = 16 * kk + 8 * (j / 2) + 2 * q;
+                frag[kk][j] = (uint32_t)d16[row * 64 + col] | ((uint32_t)d16[row * 64 + col + 1] << 16);
+            }
+        store_ds(sds, frag, half, w);
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    float d[32];
+    for (int wg = 0; wg < 2; wg++) {
+        wgmma_fence();
+        gemm_dq<128, 0>(d, sds, sk, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 32; i++) {
+            int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+            out[row * 128 + wg * 64 + col] = d[i];
+        }
+        wgmma_fence();
+        gemm_dq<64, 0>(d, sds, sk64, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 32; i++) {
+            int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+            out64[row * 64 + col] = wg == 0 ? d[i] : out64[row * 64 + col] + d[i];
+        }
+    }
+}
+
+TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
+    REQUIRE_SM90();
+    gpu_rng_seed(2024);
+    static __nv_bfloat16 hds[128 * 64], hk[128 * 128];
+    static float fds[128 * 64], fk[128 * 128], out[64 * 128], out64[64 * 64];
+    fill_bf16(hds, fds, 128 * 64);
+    fill_bf16(hk, fk, 128 * 128);
+    __nv_bfloat16 *dds, *dk;
+    float *dout, *dout64;
+    CUDA_OK(cudaMalloc(&dds, sizeof hds));
+    CUDA_OK(cudaMalloc(&dk, sizeof hk));
+    CUDA_OK(cudaMalloc(&dout, sizeof out));
+    CUDA_OK(cudaMalloc(&dout64, sizeof out64));
+    CUDA_OK(cudaMemcpy(dds, hds, sizeof hds, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk, sizeof hk, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));
+    CUDA_OK(cudaMemset(dout64, 0xFF, sizeof out64));
+    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 1024;
+    CUDA_OK(cudaFuncSetAttribute(wgmma_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dk, dout, dout64);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out64, dout64, sizeof out64, cudaMemcpyDeviceToHost));
+    double maxerr = 0, maxerr64 = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 128; j++) {
+            double ref = 0;   // dQ[i][j] = sum over keys n of dS[i][n] K[n][j], dS[i][n] = dSᵀ[n][i]
+            for (int n = 0; n < 128; n++) ref += (double)fds[n * 64 + i] * fk[n * 128 + j];
+            double e = fabs(ref - out[i * 128 + j]);
+            if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
+            if (j < 64) {
+                e = fabs(ref - out64[i * 64 + j]);
+                if (!(e <= maxerr64)) maxerr64 = isnan(e) ? INFINITY : e;
+            }
+        }
+    printf("wgmma ss_mn (dQ = dS K) max abs error: hdim 128 split %.3g, hdim 64 split %.3g\n", maxerr, maxerr64);
+    CHECK(maxerr < 1e-3, "hdim 128 split: max error %g", maxerr);
+    CHECK(maxerr64 < 1e-3, "hdim 64 split: max error %g", maxerr64);
+    cudaFree(dds); cudaFree(dk); cudaFree(dout); cudaFree(dout64);
 }
 
 TEST_MAIN()

@@ -1,0 +1,194 @@
+/* The CUDA backward's host side: what it supports, its scratch, and its
+ * three launches (bwd_prep.cu's preprocessing, the main kernel of
+ * bwd_sm90.cuh, bwd_prep.cu's dq kernel), all on the caller's stream.
+ *
+ * The kernels have not yet run on a GPU (GPU loans were paused when they
+ * were written): a build uses them only when configured with
+ * -DFA3C_CUDA_BWD=ON; otherwise the CUDA backward says NOT_SUPPORTED. */
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "bwd_prep.h"
+#include "bwd_tiles.h"
+#include "tensor_map.h"
+
+#ifndef FA3C_CUDA_BWD
+#define FA3C_CUDA_BWD 0
+#endif
+
+typedef struct {
+    fa3c_dtype dtype;
+    int headdim;
+    fa3c_bwd_launcher launch;
+} bwd_instance;
+
+/* The instances this build compiled (FA3C_BWD_INST_<name> from sources.cmake). */
+static const bwd_instance bwd_instances[] = {
+#ifdef FA3C_BWD_INST_bf16_hdim64
+    {FA3C_DTYPE_BF16, 64, fa3c_bwd_sm90_bf16_hdim64},
+#endif
+#ifdef FA3C_BWD_INST_bf16_hdim128
+    {FA3C_DTYPE_BF16, 128, fa3c_bwd_sm90_bf16_hdim128},
+#endif
+#ifdef FA3C_BWD_INST_fp16_hdim64
+    {FA3C_DTYPE_FP16, 64, fa3c_bwd_sm90_fp16_hdim64},
+#endif
+#ifdef FA3C_BWD_INST_fp16_hdim128
+    {FA3C_DTYPE_FP16, 128, fa3c_bwd_sm90_fp16_hdim128},
+#endif
+    {FA3C_DTYPE_FP32, 0, NULL}};
+
+static const bwd_instance *find_bwd(const fa3c_problem *pr) {
+    for (size_t i = 0; bwd_instances[i].launch; i++)
+        if (bwd_instances[i].dtype == pr->dtype && bwd_instances[i].headdim == pr->headdim) return &bwd_instances[i];
+    return NULL;
+}
+
+/* Read with TMA: aligned, strides in multiples of 16 bytes. */
+static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int batch, int seqlen, int heads) {
+    fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
+    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, batch, seqlen, heads);
+}
+
+/* dk and dv leave as pairs of 16-bit values (4-byte stores). */
+static fa3c_status check_pair_output(const char *name, const fa3c_tensor *t) {
+    fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
+    if (s != FA3C_STATUS_OK) return s;
+    for (int i = 0; i < 3; i++)
+        if (t->stride[i] % 2 != 0)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s: the CUDA backward needs even strides (dim %d is %lld)",
+                              name, i, (long long)t->stride[i]);
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
+    const fa3c_problem *pr = &p->problem;
+    if (!FA3C_CUDA_BWD)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA backward: its kernels have not yet been verified on a GPU, and this build leaves them "
+                          "off (configure with -DFA3C_CUDA_BWD=ON to try them; or use backend CPU)");
+    if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
+    if (!FA3C_BWD_HEADDIM_OK(pr->headdim))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported yet (64, 128)",
+                          pr->headdim);
+    if (!find_bwd(pr))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
+                          "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16", pr->headdim);
+    if (pr->softcap != 0)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: softcap is not supported yet");
+    if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA backward: variable-length batches (cu_seqlens, seqused_k) are not supported yet");
+    if (p->deterministic)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: deterministic = 1 is not supported yet (dq is "
+                          "summed with atomics); use backend CPU");
+    if (pr->batch > 65535 || pr->heads_q > 65535)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
+    fa3c_status s;
+    if ((s = check_tma_input("q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+        (s = check_tma_input("k", &p->k, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
+        (s = check_tma_input("v", &p->v, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
+        (s = check_tma_input("dout", &p->dout, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+        (s = check_pair_output("dk", &p->dk)) || (s = check_pair_output("dv", &p->dv)))
+        return s;
+    return FA3C_STATUS_OK;
+}
+
+static int clamp_int(int64_t x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
+
+/* The kernel's parameters: TMA maps, sizes, scale and the mask as a band
+ * of key - query offsets (bwd_params.h). */
+static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int rows_pad) {
+    const fa3c_problem *pr = &p->problem;
+    const int d = pr->headdim;
+    fa3c_status s;
+    memset(k, 0, sizeof *k);
+    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, d, 64,
+                                  FA3C_BWD_BLOCK_M)) ||
+        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, pr->batch, pr->seqlen_q, pr->heads_q, d, 64,
+                                  FA3C_BWD_BLOCK_M)) ||
+        (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, d, 64,
+                                  FA3C_BWD_BLOCK_N)) ||
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, d, 64,
+                                  FA3C_BWD_BLOCK_N)))
+        return s;
+    k->batch = pr->batch;
+    k->seqlen_q = pr->seqlen_q;
+    k->seqlen_k = pr->seqlen_k;
+    k->heads_q = pr->heads_q;
+    k->heads_kv = pr->heads_kv;
+    k->group = pr->heads_q / pr->heads_kv;
+    k->rows_pad = rows_pad;
+    k->dk = p->dk.data;
+    k->dv = p->dv.data;
+    memcpy(k->dk_stride, p->dk.stride, sizeof k->dk_stride);
+    memcpy(k->dv_stride, p->dv.stride, sizeof k->dv_stride);
+    k->softmax_scale = pr->softmax_scale;
+    k->score_log2 = (float)(pr->softmax_scale * 1.4426950408889634);
+    const int64_t diag = (int64_t)pr->seqlen_k - pr->seqlen_q;
+    const int right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
+    k->rel_lo = pr->window_left >= 0 ? clamp_int(diag - pr->window_left) : INT_MIN;
+    k->rel_hi = right >= 0 ? clamp_int(diag + right) : INT_MAX;
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
+    fa3c_status s = fa3c_cuda_bwd_supported(p);
+    if (s != FA3C_STATUS_OK) return s;
+    const fa3c_problem *pr = &p->problem;
+    const int d = pr->headdim, fp16 = pr->dtype == FA3C_DTYPE_FP16;
+    const int rows_pad = (pr->seqlen_q + FA3C_BWD_BLOCK_M - 1) / FA3C_BWD_BLOCK_M * FA3C_BWD_BLOCK_M;
+    fa3c_bwd_kernel_params k;
+    if ((s = fill_kernel_params(&k, p, rows_pad)) != FA3C_STATUS_OK) return s;
+
+    /* Scratch, stream-ordered: dq_accum (fp32, zeroed), then lse_log2 and dsum. */
+    const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;
+    const size_t accum_bytes = rows * d * sizeof(float), row_bytes = rows * sizeof(float);
+    void *ws = NULL;
+    cudaError_t e = cudaMallocAsync(&ws, accum_bytes + 2 * row_bytes, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
+                          "CUDA backward: cudaMallocAsync of %zu B of scratch failed: %s",
+                          accum_bytes + 2 * row_bytes, cudaGetErrorString(e));
+    }
+    k.dq_accum = (float *)ws;
+    k.lse_log2 = (float *)((char *)ws + accum_bytes);
+    k.dsum = (float *)((char *)ws + accum_bytes + row_bytes);
+
+    fa3c_bwd_prep_params prep;
+    memset(&prep, 0, sizeof prep);
+    prep.out = p->out.data;
+    prep.dout = p->dout.data;
+    memcpy(prep.out_stride, p->out.stride, sizeof prep.out_stride);
+    memcpy(prep.dout_stride, p->dout.stride, sizeof prep.dout_stride);
+    prep.lse = p->lse;
+    prep.lse_log2 = (float *)k.lse_log2;
+    prep.dsum = (float *)k.dsum;
+    prep.dq_accum = k.dq_accum;
+    prep.dq = p->dq.data;
+    memcpy(prep.dq_stride, p->dq.stride, sizeof prep.dq_stride);
+    prep.batch = pr->batch;
+    prep.seqlen_q = pr->seqlen_q;
+    prep.heads_q = pr->heads_q;
+    prep.headdim = d;
+    prep.rows_pad = rows_pad;
+    prep.softmax_scale = pr->softmax_scale;
+
+    e = cudaMemsetAsync(k.dq_accum, 0, accum_bytes, (cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        s = fa3c_error(FA3C_STATUS_CUDA_ERROR, "CUDA backward: clearing dq's accumulator failed: %s",
+                       cudaGetErrorString(e));
+    }
+    if (s == FA3C_STATUS_OK) s = fa3c_bwd_prep(&prep, fp16, stream);
+    if (s == FA3C_STATUS_OK) s = find_bwd(pr)->launch(&k, stream);
+    if (s == FA3C_STATUS_OK) s = fa3c_bwd_write_dq(&prep, fp16, stream);
+    cudaFreeAsync(ws, (cudaStream_t)stream);
+    return s;
+}

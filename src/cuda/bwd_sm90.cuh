@@ -1,0 +1,340 @@
+// The FlashAttention-3 backward kernel for sm_90a (bf16 / fp16; head dims
+// 64 and 128: bwd_tiles.h).
+//
+// One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
+// query blocks (BLOCK_M = 64 rows) that see any of them, for each query
+// head of the GQA group:
+//   warpgroup 0  producer: one thread loads K and V once, then streams Q,
+//                dO and the rows' LSE and dsum = rowsum(dO ⊙ O) through a
+//                ring of STAGES smem slots (TMA, mbarriers);
+//   warpgroups 1, 2  consumers: 64 keys each. Per query block, with the
+//                keys as the wgmma M dimension (so Pᵀ and dSᵀ come out of
+//                the accumulators already in register-A layout):
+//                  Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ          (wgmma, smem x smem)
+//                  Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e), masked to 0
+//                  dSᵀ = Pᵀ ⊙ (dPᵀ - dsum)
+//                  dV += Pᵀ·dO, dK += dSᵀ·Q         (wgmma, A from registers)
+//                  dSᵀ -> smem, then dQ(64 x 64) = dS·K (wgmma, both
+//                  operands MN-major in smem) added to an fp32 dQ in
+//                  global memory with vector atomics.
+// dK and dV stay in registers for the whole walk (GQA: summed over the
+// group's heads) and are written once at the end, dK scaled. bwd_prep.cu
+// computes dsum and the LSE in log2 units before, and turns the fp32 dQ
+// into dq after.
+//
+// dQ's split between the warpgroups: at hdim 128 each takes 64 of the
+// columns over all 128 keys (both warpgroups' dS: a named barrier); at hdim
+// 64 each takes all 64 columns over its own 64 keys (twice the atomics,
+// but every wgmma is m64n64 and its B operand whole 128-byte rows).
+#pragma once
+#include "ptx.cuh"
+#include "wgmma.cuh"
+#include "softmax.cuh"   // probs_to_fragments
+#include "bwd_params.h"
+#include "bwd_tiles.h"
+
+// Named-barrier ids (0 is __syncthreads): both consumer warpgroups' dSᵀ
+// rows are in smem (and the older dS buffer is free again).
+enum BwdNamedBarrier { BAR_BWD_DS_READY = 1 };
+
+enum {
+    BWD_M = FA3C_BWD_BLOCK_M,
+    BWD_N = FA3C_BWD_BLOCK_N,
+    BWD_STAGES = FA3C_BWD_STAGES,
+    BWD_ROW_BYTES = 128,              // tiles are column chunks of 64 elements, 128-byte swizzle
+    BWD_ATOM_BYTES = 8 * BWD_ROW_BYTES
+};
+
+// Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
+// boxes land (fwd_smem.cuh's layout); dS is one chunk: 128 key rows of 64
+// queries (MN-major A of dQ = dS·K).
+template <int D>
+struct BwdSmem {
+    alignas(1024) uint8_t k[BWD_N * D * 2];
+    alignas(1024) uint8_t v[BWD_N * D * 2];
+    alignas(1024) uint8_t q[BWD_STAGES][BWD_M * D * 2];
+    alignas(1024) uint8_t dout[BWD_STAGES][BWD_M * D * 2];
+    alignas(1024) uint8_t ds[2][BWD_N * BWD_M * 2];   // two buffers: one barrier per query block
+    float lse_log2[BWD_STAGES][BWD_M];
+    float dsum[BWD_STAGES][BWD_M];
+    uint64_t kv_full;                                  // K and V landed (once)
+    uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
+};
+
+// Query blocks [m_begin, m_end) with a row that sees a key of key block
+// n_block (empty under a causal mask or window that hides the block from
+// every query). Producer and consumers both call it.
+FA3C_DEVICE void bwd_query_blocks(const fa3c_bwd_kernel_params &p, int n_block, int &m_begin, int &m_end) {
+    const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)p.seqlen_k) - 1;
+    const long long i_min = max(k_first - p.rel_hi, 0ll), i_max = min(k_last - p.rel_lo, (long long)p.seqlen_q - 1);
+    if (i_min > i_max) {
+        m_begin = m_end = 0;
+        return;
+    }
+    m_begin = (int)(i_min / BWD_M);
+    m_end = (int)(i_max / BWD_M) + 1;
+}
+
+// ---- producer ----------------------------------------------------------------------
+
+// A tile of `rows` rows at row0 of (head, batch), as D / 64 boxes.
+template <int D>
+FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int rows, int row0, int head,
+                               int batch) {
+#pragma unroll
+    for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * rows * BWD_ROW_BYTES, map, bar, c * 64, row0, head, batch);
+}
+
+template <int D>
+FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
+                              int m_begin, int m_end) {
+    if (m_begin >= m_end) return;
+    mbar_arrive_expect_tx(&sm.kv_full, 2 * BWD_N * D * 2);
+    bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, BWD_N, n_block * BWD_N, head_kv, batch);
+    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, BWD_N, n_block * BWD_N, head_kv, batch);
+    int it = 0;
+    for (int g = 0; g < p.group; g++) {
+        const int head = head_kv * p.group + g;
+        const int64_t row_base = ((int64_t)batch * p.heads_q + head) * p.rows_pad;
+        for (int m = m_begin; m < m_end; m++, it++) {
+            const int s = it % BWD_STAGES;
+            if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
+            mbar_arrive_expect_tx(&sm.full[s], 2 * BWD_M * D * 2 + 2 * BWD_M * 4);
+            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], BWD_M, m * BWD_M, head, batch);
+            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], BWD_M, m * BWD_M, head, batch);
+            bulk_load(sm.lse_log2[s], p.lse_log2 + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
+            bulk_load(sm.dsum[s], p.dsum + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
+        }
+    }
+}
+
+// ---- consumer GEMMs ----------------------------------------------------------------
+
+// acc(64 keys x 64 queries) = X(this warpgroup's 64 rows of the K or V
+// tile) · Y(the Q or dO slot)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
+template <int D, int FP16>
+FA3C_DEVICE void gemm_keys_by_rows(float *acc, const uint8_t *x, const uint8_t *y, int wg) {
+    const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + wg * 64 * BWD_ROW_BYTES, 16, BWD_ATOM_BYTES, 128);
+    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
+        wgmma_ss<BWD_M, FP16>(acc, smem_desc_advance(x_desc, chunk * BWD_N * BWD_ROW_BYTES + in_row),
+                              smem_desc_advance(y_desc, chunk * BWD_M * BWD_ROW_BYTES + in_row), kk > 0);
+    }
+}
+
+// acc(64 keys x D) += A(64 keys x 64 queries, registers) · Y(the Q or dO
+// slot, 64 x D, MN-major: a k-step is 16 rows), as the forward's O += P·V.
+template <int D, int FP16>
+FA3C_DEVICE void gemm_accumulate_rows(float *acc, uint32_t (*a_frag)[4], const uint8_t *y) {
+    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), BWD_M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < BWD_M / 16; kk++)
+        wgmma_rs<D, FP16>(acc, a_frag[kk], smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
+}
+
+// dq(64 queries x 64 columns) = dS(queries x keys) · K(keys x columns),
+// both read MN-major from smem: dS as stored (a row per key), K as loaded.
+// hdim 128: columns [64 wg, + 64) over all 128 keys; hdim 64: all columns
+// over this warpgroup's own keys [64 wg, + 64).
+template <int D, int FP16>
+FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg) {
+    enum { KEYS = D == 64 ? 64 : BWD_N };
+    const int key0 = D == 64 ? wg * 64 : 0, chunk = D == 64 ? 0 : wg;
+    // M is one 64-element chunk, so the A descriptor's leading offset is never used.
+    const uint64_t ds_desc =
+        smem_desc_swizzled(smem_addr(ds) + key0 * BWD_ROW_BYTES, BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + chunk * BWD_N * BWD_ROW_BYTES + key0 * BWD_ROW_BYTES,
+                                               BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < KEYS / 16; kk++)
+        wgmma_ss_mn<64, FP16>(dq, smem_desc_advance(ds_desc, kk * 16 * BWD_ROW_BYTES),
+                              smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
+}
+
+template <int N>
+FA3C_DEVICE void bwd_fence_regs(float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) reg_fence(x[i]);
+}
+
+// ---- consumer element-wise steps ---------------------------------------------------
+
+// Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
+// key0 + 8, query columns q0 + 8 j + 2 quad (+1). Masked elements (and keys
+// past the end) get P = 0; padding query rows have lse_log2 = +inf, so P = 0.
+FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
+                                 const fa3c_bwd_kernel_params &p, int key0, int q0) {
+    const int quad = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < BWD_M / 8; j++) {
+        const int col = 8 * j + 2 * quad;
+        const float2 lse = *(const float2 *)&lse_log2[col], ds = *(const float2 *)&dsum[col];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * j + 2 * r + e, key = key0 + 8 * r, rel = key - (q0 + col + e);
+                const bool seen = key < p.seqlen_k && rel >= p.rel_lo && rel <= p.rel_hi;
+                const float prob = seen ? ex2f(st[i] * p.score_log2 - (e ? lse.y : lse.x)) : 0.f;
+                st[i] = prob;
+                dpt[i] = prob * (dpt[i] - (e ? ds.y : ds.x));
+            }
+    }
+}
+
+// This warp's 16 key rows of dSᵀ (A fragments, 16-bit) into the dS buffer,
+// 8x8 matrices at a time: fragment register j of k-step kk is the matrix of
+// rows 8 (j % 2).., columns 16 kk + 8 (j / 2).. (probs_to_fragments).
+FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
+    const int lane = threadIdx.x % 32;
+    const int row = wg * 64 + warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int kk = 0; kk < BWD_M / 16; kk++)
+        stmatrix_x4(swizzled_unit<128>(ds, BWD_N, row, 2 * kk + lane / 16), frag[kk][0], frag[kk][1], frag[kk][2],
+                    frag[kk][3]);
+}
+
+// dq_accum rows [q0, q0 + 64) += this thread's part of dq (columns col0 +
+// 8 j + 2 quad, +1; rows warp * 16 + lane / 4, + 8), rows past the end skipped.
+FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int seqlen_q, int col0, int warp, int D) {
+    const int lane = threadIdx.x % 32, quad = lane % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = q0 + warp * 16 + lane / 4 + 8 * r;
+        if (q >= seqlen_q) continue;
+        float *row = dq_rows + (int64_t)q * D + col0 + 2 * quad;
+#pragma unroll
+        for (int j = 0; j < 8; j++) red_add_f32x2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    }
+}
+
+// acc(64 keys x D) * scale to rows key0, key0 + 8 of `out` (16-bit; element
+// strides, all even), keys past the end skipped.
+template <int D, int FP16>
+FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *acc, float scale, int batch,
+                                int head_kv, int key0, int seqlen_k) {
+    const int quad = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= seqlen_k) continue;
+        uint16_t *row = (uint16_t *)out + batch * stride[0] + key * stride[1] + head_kv * stride[2] + 2 * quad;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            const float x = acc[4 * j + 2 * r] * scale, y = acc[4 * j + 2 * r + 1] * scale;
+            *(uint32_t *)(row + 8 * j) = FP16 ? pack_f16x2(x, y) : pack_bf16x2(x, y);
+        }
+    }
+}
+
+// ---- consumer ----------------------------------------------------------------------
+
+template <int D, int FP16>
+FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
+                              int m_begin, int m_end, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    const int key0 = n_block * BWD_N + wg * 64 + warp * 16 + lane / 4;   // this thread's rows: key0, key0 + 8
+    const int dq_col0 = D == 64 ? 0 : wg * 64;
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
+    if (m_begin < m_end) mbar_wait_parity(&sm.kv_full, 0);
+    int it = 0;
+    for (int g = 0; g < p.group; g++) {
+        const int head = head_kv * p.group + g;
+        float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
+        for (int m = m_begin; m < m_end; m++, it++) {
+            const int s = it % BWD_STAGES;
+            mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+
+            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys.
+            float st[BWD_M / 2], dpt[BWD_M / 2];
+            wgmma_fence();
+            gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
+            gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+            wgmma_commit();
+            wgmma_wait<0>();
+            bwd_fence_regs<BWD_M / 2>(st);
+            bwd_fence_regs<BWD_M / 2>(dpt);
+
+            // Pᵀ, dSᵀ; then dV += Pᵀ·dO and dK += dSᵀ·Q, left in flight.
+            probs_and_grads(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
+            uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
+            probs_to_fragments<BWD_M, FP16>(st, p_frag);
+            probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
+            wgmma_fence();
+            gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
+            gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
+            wgmma_commit();
+
+            // dSᵀ to smem for dQ = dS·K. Buffer it % 2: the barrier of block
+            // it - 1 came after both warpgroups' dQ(it - 2) was complete.
+            uint8_t *ds = sm.ds[it % 2];
+            store_ds(ds, ds_frag, wg, warp);
+            fence_proxy_async_smem();
+            named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+            float dq[32];
+            wgmma_fence();
+            gemm_dq<D, FP16>(dq, ds, sm.k, wg);
+            wgmma_commit();
+            wgmma_wait<0>();
+            bwd_fence_regs<32>(dq);
+
+            // The slot's Q, dO, LSE and dsum are read: release it, then add dQ.
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.empty[s]);
+            add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, dq_col0, warp, D);
+        }
+    }
+    bwd_fence_regs<D / 2>(dk);
+    bwd_fence_regs<D / 2>(dv);
+    store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, batch, head_kv, key0, p.seqlen_k);
+    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, batch, head_kv, key0, p.seqlen_k);
+}
+
+// ---- the kernel --------------------------------------------------------------------
+
+// Grid: (key blocks, heads_kv, batch).
+template <int D, int FP16>
+__global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
+    static_assert(FA3C_BWD_HEADDIM_OK(D), "backward head dims: 64 and 128");
+    static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
+                  "setmaxnreg budgets past the register file");
+    extern __shared__ uint8_t smem_raw[];
+    BwdSmem<D> &sm = *(BwdSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    int m_begin, m_end;
+    bwd_query_blocks(p, n_block, m_begin, m_end);
+
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&p.q_map);
+        tma_prefetch_map(&p.k_map);
+        tma_prefetch_map(&p.v_map);
+        tma_prefetch_map(&p.do_map);
+        mbar_init(&sm.kv_full, 1);
+        for (int s = 0; s < BWD_STAGES; s++) {
+            mbar_init(&sm.full[s], 1);
+            mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);   // warpgroup-uniform, as setmaxnreg requires
+    if (warpgroup == 0) {
+        reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
+        if (threadIdx.x == 0) bwd_producer<D>(p, sm, n_block, head_kv, batch, m_begin, m_end);
+    } else {
+        reg_alloc<FA3C_BWD_CONSUMER_REGS>();
+        bwd_consumer<D, FP16>(p, sm, n_block, head_kv, batch, m_begin, m_end, warpgroup - 1);
+    }
+}
+
+// Dynamic smem a launch needs (the +1024 lets the kernel align the base).
+template <int D>
+static size_t bwd_smem_bytes(void) {
+    static_assert(sizeof(BwdSmem<D>) + 1024 <= 227 * 1024, "the backward kernel's smem exceeds what a block may use");
+    return sizeof(BwdSmem<D>) + 1024;
+}
