@@ -259,21 +259,23 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             bwd_fence_regs<BWD_M / 2>(st);
             bwd_fence_regs<BWD_M / 2>(dpt);
 
-            // Pᵀ, dSᵀ; then dV += Pᵀ·dO and dK += dSᵀ·Q, left in flight.
+            // Pᵀ and dSᵀ; dSᵀ to smem for dQ = dS·K (before the wgmma that
+            // reads ds_frag is issued: an in-flight wgmma's registers are not
+            // to be touched). Buffer it % 2: the barrier of block it - 1 came
+            // after both warpgroups' dQ(it - 2) was complete.
             probs_and_grads(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
             uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
             probs_to_fragments<BWD_M, FP16>(st, p_frag);
             probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
+            uint8_t *ds = sm.ds[it % 2];
+            store_ds(ds, ds_frag, wg, warp);
+            fence_proxy_async_smem();
+
+            // dV += Pᵀ·dO and dK += dSᵀ·Q, left in flight under the barrier and dQ.
             wgmma_fence();
             gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
             gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
             wgmma_commit();
-
-            // dSᵀ to smem for dQ = dS·K. Buffer it % 2: the barrier of block
-            // it - 1 came after both warpgroups' dQ(it - 2) was complete.
-            uint8_t *ds = sm.ds[it % 2];
-            store_ds(ds, ds_frag, wg, warp);
-            fence_proxy_async_smem();
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
             float dq[32];
             wgmma_fence();
