@@ -84,9 +84,6 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA backward: variable-length batches (cu_seqlens, seqused_k) are not supported yet");
-    if (p->deterministic)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: deterministic = 1 is not supported yet (dq is "
-                          "summed with atomics); use backend CPU");
     if (pr->batch > 65535 || pr->heads_q > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
     fa3c_status s;
@@ -146,20 +143,26 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_kernel_params k;
     if ((s = fill_kernel_params(&k, p, rows_pad)) != FA3C_STATUS_OK) return s;
 
-    /* Scratch, stream-ordered: dq_accum (fp32, zeroed), then lse_log2 and dsum. */
+    /* Scratch, stream-ordered: dq_accum (fp32) and with deterministic = 1 the
+     * dQ turn counters, both zeroed; then lse_log2 and dsum. Every part is a
+     * multiple of 256 bytes (rows_pad is a multiple of 64). */
     const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;
     const size_t accum_bytes = rows * d * sizeof(float), row_bytes = rows * sizeof(float);
+    const size_t sem_bytes = p->deterministic ? rows / FA3C_BWD_BLOCK_M * sizeof(int) : 0;
+    const size_t zeroed = accum_bytes + (sem_bytes + 255) / 256 * 256, total = zeroed + 2 * row_bytes;
     void *ws = NULL;
-    cudaError_t e = cudaMallocAsync(&ws, accum_bytes + 2 * row_bytes, (cudaStream_t)stream);
+    cudaError_t e = cudaMallocAsync(&ws, total, (cudaStream_t)stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
-                          "CUDA backward: cudaMallocAsync of %zu B of scratch failed: %s",
-                          accum_bytes + 2 * row_bytes, cudaGetErrorString(e));
+                          "CUDA backward: cudaMallocAsync of %zu B of scratch failed: %s", total,
+                          cudaGetErrorString(e));
     }
     k.dq_accum = (float *)ws;
-    k.lse_log2 = (float *)((char *)ws + accum_bytes);
-    k.dsum = (float *)((char *)ws + accum_bytes + row_bytes);
+    k.dq_semaphore = p->deterministic ? (int *)((char *)ws + accum_bytes) : NULL;
+    k.num_m_blocks = rows_pad / FA3C_BWD_BLOCK_M;
+    k.lse_log2 = (float *)((char *)ws + zeroed);
+    k.dsum = (float *)((char *)ws + zeroed + row_bytes);
 
     fa3c_bwd_prep_params prep;
     memset(&prep, 0, sizeof prep);
@@ -180,7 +183,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.rows_pad = rows_pad;
     prep.softmax_scale = pr->softmax_scale;
 
-    e = cudaMemsetAsync(k.dq_accum, 0, accum_bytes, (cudaStream_t)stream);
+    e = cudaMemsetAsync(ws, 0, zeroed, (cudaStream_t)stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         s = fa3c_error(FA3C_STATUS_CUDA_ERROR, "CUDA backward: clearing dq's accumulator failed: %s",

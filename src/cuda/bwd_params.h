@@ -25,6 +25,13 @@ typedef struct fa3c_bwd_kernel_params {
      *             dq kernel scales it and writes dq. */
     const float *lse_log2, *dsum;
     float *dq_accum;
+    /* deterministic = 1 (NULL otherwise): per (batch, head, query block) the
+     * number of key blocks that have added their dQ to it, zeroed; the key
+     * blocks that see a query block add in increasing order, each waiting
+     * for its turn (bwd_sm90.cuh, add_dq_in_turn), so dq's sums are
+     * bitwise reproducible. */
+    int *dq_semaphore;
+    int num_m_blocks;          /* rows_pad / FA3C_BWD_BLOCK_M */
     /* dk (scaled by softmax_scale) and dv, written by the main kernel:
      * element strides (batch, seqlen, heads), all even, headdim stride 1. */
     void *dk, *dv;

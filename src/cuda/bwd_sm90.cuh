@@ -16,7 +16,8 @@
 //                  dV += Pᵀ·dO, dK += dSᵀ·Q         (wgmma, A from registers)
 //                  dSᵀ -> smem, then dQ(64 x 64) = dS·K (wgmma, both
 //                  operands MN-major in smem) added to an fp32 dQ in
-//                  global memory with vector atomics.
+//                  global memory with vector atomics (deterministic = 1:
+//                  the key blocks add in a fixed order, add_dq_in_turn).
 // dK and dV stay in registers for the whole walk (GQA: summed over the
 // group's heads) and are written once at the end, dK scaled. bwd_prep.cu
 // computes dsum and the LSE in log2 units before, and turns the fp32 dQ
@@ -33,9 +34,10 @@
 #include "bwd_params.h"
 #include "bwd_tiles.h"
 
-// Named-barrier ids (0 is __syncthreads): both consumer warpgroups' dSᵀ
-// rows are in smem (and the older dS buffer is free again).
-enum BwdNamedBarrier { BAR_BWD_DS_READY = 1 };
+// Named-barrier ids (0 is __syncthreads), both for the two consumer
+// warpgroups: their dSᵀ rows are in smem (and the older dS buffer is free
+// again); the steps of a deterministic dQ turn (add_dq_in_turn).
+enum BwdNamedBarrier { BAR_BWD_DS_READY = 1, BAR_BWD_DQ_TURN = 2 };
 
 enum {
     BWD_M = FA3C_BWD_BLOCK_M,
@@ -210,6 +212,43 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int seqlen_q, i
     }
 }
 
+// The first key block that sees query block m: the key blocks that do
+// form a contiguous range (bwd_query_blocks' bounds grow with the key
+// block), starting at the one holding the first row's first key.
+FA3C_DEVICE int first_key_block(const fa3c_bwd_kernel_params &p, int m) {
+    const long long first_key = (long long)m * BWD_M + p.rel_lo;
+    return first_key <= 0 ? 0 : (int)(first_key / BWD_N);
+}
+
+// Deterministic dQ (p.dq_semaphore): wait until the key blocks before this
+// one that see query block m have added theirs, add (at hdim 64, where both
+// warpgroups add to the same columns, warpgroup 0 first), then count this
+// one in. Key block n waits only for lower n of its (head, batch): CTAs
+// that start earlier (blockIdx.x is the key block) and wait only for lower
+// ones still, so the chain always ends in a CTA that can go on (FA3 relies
+// on the same launch order). One thread spins and releases; the named
+// barrier carries its acquire to the others and their adds to its release.
+template <int D>
+FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
+                                int batch, int head, int m, int col0, int wg, int warp) {
+    int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
+    const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
+    if (leader) wait_counter_at_least(sem, n_block - first_key_block(p, m));
+    named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+    if (D == 64) {
+        if (wg == 0) add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+        named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+        if (wg == 1) add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+    } else {
+        add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+    }
+    named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+    if (leader) {
+        __threadfence();
+        red_release_gpu_add(sem, 1);
+    }
+}
+
 // acc(64 keys x D) * scale to rows key0, key0 + 8 of `out` (16-bit; element
 // strides, all even), keys past the end skipped.
 template <int D, int FP16>
@@ -287,7 +326,8 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             // The slot's Q, dO, LSE and dsum are read: release it, then add dQ.
             __syncwarp();
             if (lane == 0) mbar_arrive(&sm.empty[s]);
-            add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, dq_col0, warp, D);
+            if (p.dq_semaphore) add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, dq_col0, wg, warp);
+            else add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, dq_col0, warp, D);
         }
     }
     bwd_fence_regs<D / 2>(dk);

@@ -6,7 +6,8 @@
 // dS) and each gradient to the input dtype, as a framework's bf16 autograd
 // would. Outputs are poisoned first and must be written everywhere; dk and
 // dv (no atomics) must be bit-identical over two runs, dq (summed with
-// atomics) within the rule both times; nothing is written past the outputs.
+// atomics) within the rule both times, and with deterministic = 1
+// bit-identical too; nothing is written past the outputs.
 //
 // The CUDA backward is off unless the build has -DFA3C_CUDA_BWD=ON (its
 // kernels have not yet run on a GPU): then these tests skip and say so.
@@ -21,6 +22,7 @@ typedef struct {
     int causal, window_left, window_right;
     int packed_qkv;   // q, k, v interleaved in one (b, s, 3, h, d) buffer (heads_q == heads_kv)
     float outlier;    // > 0: scale 0.1% of q and k entries by this (large logits)
+    int deterministic;   // 1: dq must be bit-identical over the two runs too
 } bwd_case;
 
 static bwd_case bcase(fa3c_dtype dt, int b, int sq, int sk, int hq, int hkv, int d) {
@@ -166,9 +168,9 @@ static int64_t guards_written(const void *alloc, int64_t guard, int64_t n) {
 static void run_case(const char *label, bwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
-    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) packed=%d outlier=%g\n", label,
-           tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim, c.causal,
-           c.window_left, c.window_right, c.packed_qkv, c.outlier);
+    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) packed=%d outlier=%g "
+           "deterministic=%d\n", label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
+           c.headdim, c.causal, c.window_left, c.window_right, c.packed_qkv, c.outlier, c.deterministic);
     const int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D, nlse = B * HQ * SQ;
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
@@ -177,6 +179,7 @@ static void run_case(const char *label, bwd_case c) {
     p.problem.window_left = c.window_left;
     p.problem.window_right = c.window_right;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
+    p.deterministic = c.deterministic;
 
     // Inputs in the dtype: q, k, v (separate or packed), dout.
     void *hqkv = NULL, *hq, *hk, *hv;
@@ -315,6 +318,7 @@ static void run_case(const char *label, bwd_case c) {
             }
             free(gf);
         }
+    if (c.deterministic) CHECK(memcmp(gout[0][0], gout[1][0], nq * es) == 0, "deterministic: dq differs between two runs");
     CHECK(memcmp(gout[0][1], gout[1][1], nk * es) == 0, "dk differs between two runs: a race");
     CHECK(memcmp(gout[0][2], gout[1][2], nk * es) == 0, "dv differs between two runs: a race");
     for (int t = 0; t < 3; t++) {
@@ -413,6 +417,22 @@ TEST(bwd_packed_qkv_and_large_logits) {
     run_case("large logits", c);
 }
 
+TEST(bwd_deterministic) {
+    REQUIRE_CUDA_BWD();
+    bwd_case c = bcase(BF16, 2, 700, 700, 4, 2, 128);   // six key blocks add to each query block in turn
+    c.deterministic = 1;
+    run_case("deterministic hdim 128", c);
+    c = bcase(BF16, 1, 450, 520, 2, 2, 64);              // both warpgroups add to the same columns
+    c.deterministic = 1;
+    c.causal = 1;
+    run_case("deterministic hdim 64 causal", c);
+    c = bcase(BF16, 1, 400, 400, 2, 2, 128);             // a left bound: the first key block moves with the query block
+    c.deterministic = 1;
+    c.window_left = 150;
+    c.window_right = 20;
+    run_case("deterministic window", c);
+}
+
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
 TEST(bwd_not_supported_is_reported) {
     REQUIRE_SM90();
@@ -427,12 +447,11 @@ TEST(bwd_not_supported_is_reported) {
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    const char *what[3] = {"softcap", "deterministic", "hdim 96"}, *needle[3] = {"softcap", "deterministic", "headdim 96"};
-    for (int i = 0; i < 3; i++) {
+    const char *what[2] = {"softcap", "hdim 96"}, *needle[2] = {"softcap", "headdim 96"};
+    for (int i = 0; i < 2; i++) {
         fa3c_bwd_params q = p;
         if (i == 0) q.problem.softcap = 30.f;
-        if (i == 1) q.deterministic = 1;
-        if (i == 2) {   // the same buffers viewed with 96 columns
+        if (i == 1) {   // the same buffers viewed with 96 columns
             q.problem.headdim = 96;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
             for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 96);
