@@ -79,8 +79,6 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
                           "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16", pr->headdim);
-    if (pr->softcap != 0)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: softcap is not supported yet");
     if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA backward: variable-length batches (cu_seqlens, seqused_k) are not supported yet");
@@ -127,6 +125,11 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     memcpy(k->dv_stride, p->dv.stride, sizeof k->dv_stride);
     k->softmax_scale = pr->softmax_scale;
     k->score_log2 = (float)(pr->softmax_scale * 1.4426950408889634);
+    if (pr->softcap > 0.f) {   /* as the forward (backend.c): s = softcap · tanh(q·k · scale / softcap) */
+        k->softcap = pr->softcap;
+        k->softcap_pre = pr->softmax_scale / pr->softcap;
+        k->score_log2 = 1.4426950408889634f;
+    }
     const int64_t diag = (int64_t)pr->seqlen_k - pr->seqlen_q;
     const int right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
     k->rel_lo = pr->window_left >= 0 ? clamp_int(diag - pr->window_left) : INT_MIN;

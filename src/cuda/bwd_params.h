@@ -36,7 +36,13 @@ typedef struct fa3c_bwd_kernel_params {
      * element strides (batch, seqlen, heads), all even, headdim stride 1. */
     void *dk, *dv;
     int64_t dk_stride[3], dv_stride[3];
-    float score_log2;          /* softmax_scale * log2(e): P = exp2(q·k * score_log2 - lse_log2) */
+    /* Scores: s = q·k, or with softcap s = softcap * tanh(q·k * softcap_pre)
+     * (softcap_pre = softmax_scale / softcap; s is then in natural units);
+     * P = exp2(s * score_log2 - lse_log2): score_log2 = softmax_scale·log2(e),
+     * or log2(e) with softcap. */
+    float score_log2;
+    float softcap;             /* 0 = off; dS then carries tanh's derivative 1 - (s / softcap)^2 */
+    float softcap_pre;
     float softmax_scale;       /* dK = scale · dSᵀQ, dQ = scale · dS K */
     /* The mask as one band: query i sees key j < seqlen_k iff rel_lo <= j - i
      * <= rel_hi (bottom-right aligned: diag = seqlen_k - seqlen_q, rel_lo =

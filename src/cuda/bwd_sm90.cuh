@@ -166,6 +166,8 @@ FA3C_DEVICE void bwd_fence_regs(float *x) {
 // Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
 // key0 + 8, query columns q0 + 8 j + 2 quad (+1). Masked elements (and keys
 // past the end) get P = 0; padding query rows have lse_log2 = +inf, so P = 0.
+// SOFTCAP: scores through softcap·tanh, and dS times tanh's derivative.
+template <bool SOFTCAP>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, int key0, int q0) {
     const int quad = threadIdx.x % 4;
@@ -179,19 +181,27 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e, key = key0 + 8 * r, rel = key - (q0 + col + e);
                 const bool seen = key < p.seqlen_k && rel >= p.rel_lo && rel <= p.rel_hi;
-                const float prob = seen ? ex2f(st[i] * p.score_log2 - (e ? lse.y : lse.x)) : 0.f;
+                float score = st[i], slope = 1.f;
+                if (SOFTCAP) {
+                    const float t = tanh_approx(score * p.softcap_pre);
+                    score = p.softcap * t;
+                    slope = 1.f - t * t;
+                }
+                const float prob = seen ? ex2f(score * p.score_log2 - (e ? lse.y : lse.x)) : 0.f;
                 st[i] = prob;
-                dpt[i] = prob * (dpt[i] - (e ? ds.y : ds.x));
+                dpt[i] = SOFTCAP ? prob * (dpt[i] - (e ? ds.y : ds.x)) * slope : prob * (dpt[i] - (e ? ds.y : ds.x));
             }
     }
 }
 
 // This warp's 16 key rows of dSᵀ (A fragments, 16-bit) into the dS buffer,
 // 8x8 matrices at a time: fragment register j of k-step kk is the matrix of
-// rows 8 (j % 2).., columns 16 kk + 8 (j / 2).. (probs_to_fragments).
+// rows 8 (j % 2).., columns 16 kk + 8 (j / 2).. (probs_to_fragments). The
+// row is opaque to ptxas: it hoisted the four addresses out of the loop
+// over query blocks and spilled one at hdim 128 (softcap's registers).
 FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
     const int lane = threadIdx.x % 32;
-    const int row = wg * 64 + warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+    const int row = (int)opaque_u32(wg * 64 + warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8);
 #pragma unroll
     for (int kk = 0; kk < BWD_M / 16; kk++)
         stmatrix_x4(swizzled_unit<128>(ds, BWD_N, row, 2 * kk + lane / 16), frag[kk][0], frag[kk][1], frag[kk][2],
@@ -284,6 +294,9 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     for (int g = 0; g < p.group; g++) {
         const int head = head_kv * p.group + g;
         float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
+        // The range again per head (a few instructions) rather than two
+        // registers held across the walk: ptxas spilled them at hdim 128.
+        bwd_query_blocks(p, (int)opaque_u32(n_block), m_begin, m_end);
         for (int m = m_begin; m < m_end; m++, it++) {
             const int s = it % BWD_STAGES;
             mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
@@ -302,7 +315,8 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             // reads ds_frag is issued: an in-flight wgmma's registers are not
             // to be touched). Buffer it % 2: the barrier of block it - 1 came
             // after both warpgroups' dQ(it - 2) was complete.
-            probs_and_grads(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
+            if (p.softcap != 0.f) probs_and_grads<true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
+            else probs_and_grads<false>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
             uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
             probs_to_fragments<BWD_M, FP16>(st, p_frag);
             probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
