@@ -6,7 +6,6 @@
  * were written): a build uses them only when configured with
  * -DFA3C_CUDA_BWD=ON; otherwise the CUDA backward says NOT_SUPPORTED. */
 #include <cuda_runtime_api.h>
-#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -48,6 +47,17 @@ static const bwd_instance *find_bwd(const fa3c_problem *pr) {
     return NULL;
 }
 
+/* The maps' (outer, rows) extents: (batch, seqlen), or for packed
+ * sequences one batch of batch x seqlen tokens, a bound (the true totals
+ * are in device memory; the kernel's boxes stay inside their sequences or
+ * before them: fa3c_bwd_rows_start). */
+static void tma_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *k_outer, int *k_rows) {
+    *q_outer = pr->cu_seqlens_q ? 1 : pr->batch;
+    *q_rows = pr->cu_seqlens_q ? pr->batch * pr->seqlen_q : pr->seqlen_q;   /* < 2^31: checked */
+    *k_outer = pr->cu_seqlens_k ? 1 : pr->batch;
+    *k_rows = pr->cu_seqlens_k ? pr->batch * pr->seqlen_k : pr->seqlen_k;
+}
+
 /* Read with TMA: aligned, strides in multiples of 16 bytes. */
 static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int batch, int seqlen, int heads) {
     fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
@@ -79,39 +89,42 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
                           "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16", pr->headdim);
-    if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA backward: variable-length batches (cu_seqlens, seqused_k) are not supported yet");
+    if ((pr->cu_seqlens_q && (int64_t)pr->batch * pr->seqlen_q > INT32_MAX) ||
+        (pr->cu_seqlens_k && (int64_t)pr->batch * pr->seqlen_k > INT32_MAX))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: packed sequences (cu_seqlens) of batch x seqlen "
+                          ">= 2^31 tokens");
     if (pr->batch > 65535 || pr->heads_q > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
     fa3c_status s;
-    if ((s = check_tma_input("q", &p->q, pr->batch, pr->seqlen_q, pr->heads_q)) ||
-        (s = check_tma_input("k", &p->k, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
-        (s = check_tma_input("v", &p->v, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
-        (s = check_tma_input("dout", &p->dout, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+    int q_outer, q_rows, k_outer, k_rows;
+    tma_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);
+    if ((s = check_tma_input("q", &p->q, q_outer, q_rows, pr->heads_q)) ||
+        (s = check_tma_input("k", &p->k, k_outer, k_rows, pr->heads_kv)) ||
+        (s = check_tma_input("v", &p->v, k_outer, k_rows, pr->heads_kv)) ||
+        (s = check_tma_input("dout", &p->dout, q_outer, q_rows, pr->heads_q)) ||
         (s = check_pair_output("dk", &p->dk)) || (s = check_pair_output("dv", &p->dv)))
         return s;
     return FA3C_STATUS_OK;
 }
 
-static int clamp_int(int64_t x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
-
-/* The kernel's parameters: TMA maps, sizes, scale and the mask as a band
- * of key - query offsets (bwd_params.h). */
+/* The kernel's parameters: TMA maps, sizes, the sequences, scale and mask
+ * (bwd_params.h). */
 static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int rows_pad) {
     const fa3c_problem *pr = &p->problem;
     const int d = pr->headdim;
     fa3c_status s;
     memset(k, 0, sizeof *k);
-    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, pr->batch, pr->seqlen_q, pr->heads_q, d, 64,
+    int q_outer, q_rows, k_outer, k_rows;
+    tma_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);
+    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, FA3C_BWD_BLOCK_M)) ||
+        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64,
                                   FA3C_BWD_BLOCK_M)) ||
-        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, pr->batch, pr->seqlen_q, pr->heads_q, d, 64,
-                                  FA3C_BWD_BLOCK_M)) ||
-        (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, pr->batch, pr->seqlen_k, pr->heads_kv, d, 64,
-                                  FA3C_BWD_BLOCK_N)) ||
-        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, pr->batch, pr->seqlen_k, pr->heads_kv, d, 64,
-                                  FA3C_BWD_BLOCK_N)))
+        (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)) ||
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)))
         return s;
+    k->cu_seqlens_q = pr->cu_seqlens_q;
+    k->cu_seqlens_k = pr->cu_seqlens_k;
+    k->seqused_k = pr->seqused_k;
     k->batch = pr->batch;
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
@@ -130,10 +143,8 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
         k->softcap_pre = pr->softmax_scale / pr->softcap;
         k->score_log2 = 1.4426950408889634f;
     }
-    const int64_t diag = (int64_t)pr->seqlen_k - pr->seqlen_q;
-    const int right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
-    k->rel_lo = pr->window_left >= 0 ? clamp_int(diag - pr->window_left) : INT_MIN;
-    k->rel_hi = right >= 0 ? clamp_int(diag + right) : INT_MAX;
+    k->window_left = pr->window_left;
+    k->window_right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
     return FA3C_STATUS_OK;
 }
 
@@ -174,6 +185,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     memcpy(prep.out_stride, p->out.stride, sizeof prep.out_stride);
     memcpy(prep.dout_stride, p->dout.stride, sizeof prep.dout_stride);
     prep.lse = p->lse;
+    prep.cu_seqlens_q = pr->cu_seqlens_q;
     prep.lse_log2 = (float *)k.lse_log2;
     prep.dsum = (float *)k.dsum;
     prep.dq_accum = k.dq_accum;

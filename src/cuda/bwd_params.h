@@ -13,16 +13,25 @@ extern "C" {
 
 typedef struct fa3c_bwd_kernel_params {
     /* 128B-swizzled boxes of 64 columns: K and V of FA3C_BWD_BLOCK_N rows,
-     * Q and dO of FA3C_BWD_BLOCK_M rows; rows past the end read as zeros. */
+     * Q and dO of FA3C_BWD_BLOCK_M rows; rows past the end read as zeros.
+     * Packed sequences (cu_seqlens): one batch of batch x seqlen tokens (a
+     * bound; every box stays inside its sequence or before it:
+     * fa3c_bwd_rows_start). */
     CUtensorMap q_map, k_map, v_map, do_map;
-    int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv;   /* seqlen_*: the longest sequence's */
     int group;                 /* heads_q / heads_kv: one CTA walks the query heads of its K/V head */
     int rows_pad;              /* seqlen_q rounded up to FA3C_BWD_BLOCK_M: the row count of the scratch */
-    /* Scratch, (batch, heads_q, rows_pad[, headdim]) fp32 (bwd_host.c):
-     *   lse_log2  the forward's LSE in log2 units, +inf for fully masked and padding rows (so P = 0 there);
-     *   dsum      rowsum(dO ⊙ O), 0 on padding rows (bwd_prep.cu);
-     *   dq_accum  zeroed, then += dS·K (unscaled) by every key block (atomics); bwd_prep.cu's
-     *             dq kernel scales it and writes dq. */
+    /* Variable length (NULL = fixed): batch + 1 prefix sums of the query /
+     * key counts, and the keys used per sequence, device memory (the API's). */
+    const int *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
+    /* Scratch, (batch, heads_q, rows_pad[, headdim]) fp32 (bwd_host.c). The
+     * rows of lse_log2 and dsum are the smem rows of each query block, row
+     * r of block m holding query fa3c_bwd_rows_start(m, ...) + r:
+     *   lse_log2  the forward's LSE in log2 units; +inf for fully masked rows, for rows past the
+     *             sequence and for rows a shifted block shares with the block before (so P = 0);
+     *   dsum      rowsum(dO ⊙ O), 0 on those rows (bwd_prep.cu);
+     * dq_accum's row q is query q: zeroed, then += dS·K (unscaled) by every
+     * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq. */
     const float *lse_log2, *dsum;
     float *dq_accum;
     /* deterministic = 1 (NULL otherwise): per (batch, head, query block) the
@@ -44,11 +53,9 @@ typedef struct fa3c_bwd_kernel_params {
     float softcap;             /* 0 = off; dS then carries tanh's derivative 1 - (s / softcap)^2 */
     float softcap_pre;
     float softmax_scale;       /* dK = scale · dSᵀQ, dQ = scale · dS K */
-    /* The mask as one band: query i sees key j < seqlen_k iff rel_lo <= j - i
-     * <= rel_hi (bottom-right aligned: diag = seqlen_k - seqlen_q, rel_lo =
-     * diag - window_left, rel_hi = diag + window_right; causal is right = 0),
-     * INT_MIN / INT_MAX where unbounded, clamped to int on the host. */
-    int rel_lo, rel_hi;
+    /* -1 = unbounded; causal is right = 0 (bottom-right aligned per sequence:
+     * the kernel turns them into a band of key - query offsets, BwdSeq). */
+    int window_left, window_right;
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has
@@ -56,13 +63,33 @@ typedef struct fa3c_bwd_kernel_params {
 typedef struct fa3c_bwd_prep_params {
     const void *out, *dout;
     int64_t out_stride[3], dout_stride[3];
-    const float *lse;          /* the forward's: (batch, heads_q, seqlen_q), natural log */
+    /* The forward's LSE, natural log: (batch, heads_q, seqlen_q), or with
+     * cu_seqlens_q (heads_q, total_q), total_q = cu_seqlens_q[batch]. */
+    const float *lse;
+    const int *cu_seqlens_q;   /* NULL = fixed length */
     float *lse_log2, *dsum, *dq_accum;
     void *dq;
     int64_t dq_stride[3];
     int batch, seqlen_q, heads_q, headdim, rows_pad;
     float softmax_scale;
 } fa3c_bwd_prep_params;
+
+#ifdef __CUDACC__
+#define FA3C_BWD_HD __host__ __device__
+#else
+#define FA3C_BWD_HD
+#endif
+
+/* The first row (query or key, counted in its sequence) of the smem tile of
+ * block `block` of `rows` rows, in a sequence of `len` rows: block x rows,
+ * or for packed sequences, where the maps cannot stop a box at the
+ * sequence's end, shifted up so that the box ends there (negative when the
+ * sequence is shorter than a box: the tile then starts in the sequence
+ * before, or before token 0, which TMA reads as zeros). Tile rows before
+ * block x rows belong to the block before, or to no block, and are masked. */
+static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, int packed) {
+    return packed && block * rows + rows > len ? len - rows : block * rows;
+}
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include "bwd_prep.h"
+#include "bwd_tiles.h"
 #include "backend.h"
 
 enum { ROWS_PER_CTA = 4 };   // one warp per row
@@ -20,23 +21,49 @@ static __device__ __forceinline__ void store16(void *base, int64_t i, float x) {
     else ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
 }
 
-// Grid: (rows_pad / ROWS_PER_CTA, heads_q, batch).
+// Query `row` of (batch, head)'s sequence: its length, and the element
+// offsets of its row in out / dout / dq (strides `st`) and its LSE.
+struct PrepRow {
+    int sq;
+    int64_t tok;   // token of query 0 of the sequence, packed; else 0
+};
+static __device__ __forceinline__ PrepRow prep_sequence(const fa3c_bwd_prep_params &p, int batch) {
+    PrepRow r;
+    r.tok = p.cu_seqlens_q ? p.cu_seqlens_q[batch] : 0;
+    r.sq = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - (int)r.tok : p.seqlen_q;
+    return r;
+}
+static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params &p, const int64_t *st, int batch,
+                                                     int64_t tok, int q, int head) {
+    return (p.cu_seqlens_q ? 0 : batch * st[0]) + (tok + q) * st[1] + head * st[2];
+}
+
+// Grid: (rows_pad / ROWS_PER_CTA, heads_q, batch). Scratch row `row` is row
+// row % 64 of query block row / 64's smem tile, which holds query
+// fa3c_bwd_rows_start(...) + row % 64 (bwd_params.h): rows outside the
+// sequence, or owned by the block before, get lse_log2 = +inf and dsum = 0.
 template <int FP16>
 __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
     const int row = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int head = blockIdx.y, batch = blockIdx.z;
+    const int head = blockIdx.y, batch = blockIdx.z, block = row / FA3C_BWD_BLOCK_M;
+    const PrepRow s = prep_sequence(p, batch);
+    const int q = fa3c_bwd_rows_start(block, FA3C_BWD_BLOCK_M, s.sq, p.cu_seqlens_q != nullptr) + row % FA3C_BWD_BLOCK_M;
+    const bool valid = q >= block * FA3C_BWD_BLOCK_M && q < s.sq;
     float sum = 0.f;
-    if (row < p.seqlen_q) {
-        const int64_t o = batch * p.out_stride[0] + row * p.out_stride[1] + head * p.out_stride[2];
-        const int64_t g = batch * p.dout_stride[0] + row * p.dout_stride[1] + head * p.dout_stride[2];
+    if (valid) {
+        const int64_t o = row_offset(p, p.out_stride, batch, s.tok, q, head);
+        const int64_t g = row_offset(p, p.dout_stride, batch, s.tok, q, head);
         for (int c = lane; c < p.headdim; c += 32) sum += load16<FP16>(p.out, o + c) * load16<FP16>(p.dout, g + c);
     }
 #pragma unroll
     for (int width = 16; width > 0; width /= 2) sum += __shfl_xor_sync(~0u, sum, width);
     if (lane == 0) {
-        const int64_t bh = (int64_t)batch * p.heads_q + head, i = bh * p.rows_pad + row;
-        const float lse = row < p.seqlen_q ? p.lse[bh * p.seqlen_q + row] : -INFINITY;
-        p.dsum[i] = row < p.seqlen_q ? sum : 0.f;
+        const int64_t i = ((int64_t)batch * p.heads_q + head) * p.rows_pad + row;
+        // The forward's LSE: (batch, heads_q, seqlen_q), or packed (heads_q, total_q).
+        const int64_t l = p.cu_seqlens_q ? (int64_t)head * p.cu_seqlens_q[p.batch] + s.tok + q
+                                         : ((int64_t)batch * p.heads_q + head) * p.seqlen_q + q;
+        const float lse = valid ? p.lse[l] : -INFINITY;
+        p.dsum[i] = valid ? sum : 0.f;
         p.lse_log2[i] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
 }
@@ -44,11 +71,12 @@ __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_prep_kernel(const fa3c_
 // Grid: (ceil(seqlen_q / ROWS_PER_CTA), heads_q, batch).
 template <int FP16>
 __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_dq_kernel(const fa3c_bwd_prep_params p) {
-    const int row = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int q = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
     const int head = blockIdx.y, batch = blockIdx.z;
-    if (row >= p.seqlen_q) return;
-    const float *acc = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + row) * p.headdim;
-    const int64_t o = batch * p.dq_stride[0] + row * p.dq_stride[1] + head * p.dq_stride[2];
+    const PrepRow s = prep_sequence(p, batch);
+    if (q >= s.sq) return;
+    const float *acc = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + q) * p.headdim;
+    const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head);
     for (int c = lane; c < p.headdim; c += 32) store16<FP16>(p.dq, o + c, acc[c] * p.softmax_scale);
 }
 

@@ -28,6 +28,7 @@
 // 64 each takes all 64 columns over its own 64 keys (twice the atomics,
 // but every wgmma is m64n64 and its B operand whole 128-byte rows).
 #pragma once
+#include <limits.h>
 #include "ptx.cuh"
 #include "wgmma.cuh"
 #include "softmax.cuh"   // probs_to_fragments
@@ -47,6 +48,19 @@ enum {
     BWD_ATOM_BYTES = 8 * BWD_ROW_BYTES
 };
 
+// The lengths, tokens and mask of the CTA's sequence, worked out by one
+// thread (bwd_sequence) and read from smem where needed: the consumers'
+// registers are full.
+struct BwdSeq {
+    int sq, sk, sk_stored;     // queries; keys used (the mask: seqused_k); keys stored (dk, dv rows written)
+    int q_tok0, k_tok0;        // token of query / key 0 in the tensors (packed sequences; else 0)
+    int q_batch, k_batch;      // the maps' batch coordinate: the batch, or 0 for packed sequences
+    int q_packed;              // 1: query tiles may be shifted (fa3c_bwd_rows_start)
+    int k_start;               // key of the K/V tile's row 0 (fa3c_bwd_rows_start)
+    int rel_lo, rel_hi;        // query i sees key j < sk iff rel_lo <= j - i <= rel_hi
+    int m_begin, m_end;        // the query blocks with a row that sees a key of this block
+};
+
 // Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
 // boxes land (fwd_smem.cuh's layout); dS is one chunk: 128 key rows of 64
 // queries (MN-major A of dQ = dS·K).
@@ -61,21 +75,46 @@ struct BwdSmem {
     float dsum[BWD_STAGES][BWD_M];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
+    BwdSeq seq;
 };
 
-// Query blocks [m_begin, m_end) with a row that sees a key of key block
-// n_block (empty under a causal mask or window that hides the block from
-// every query). Producer and consumers both call it.
-FA3C_DEVICE void bwd_query_blocks(const fa3c_bwd_kernel_params &p, int n_block, int &m_begin, int &m_end) {
-    const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)p.seqlen_k) - 1;
-    const long long i_min = max(k_first - p.rel_hi, 0ll), i_max = min(k_last - p.rel_lo, (long long)p.seqlen_q - 1);
-    if (i_min > i_max) {
+FA3C_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
+
+// Query blocks [m_begin, m_end) with a row that sees one of this CTA's own
+// keys [n_block BWD_N, + BWD_N) (empty under a causal mask or window that
+// hides them from every query, or when they are past the keys used).
+FA3C_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, int &m_end) {
+    const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)q.sk) - 1;
+    const long long i_min = max(k_first - q.rel_hi, 0ll), i_max = min(k_last - q.rel_lo, (long long)q.sq - 1);
+    if (k_first > k_last || i_min > i_max) {
         m_begin = m_end = 0;
         return;
     }
     m_begin = (int)(i_min / BWD_M);
     m_end = (int)(i_max / BWD_M) + 1;
 }
+
+FA3C_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch) {
+    BwdSeq q;
+    q.q_tok0 = p.cu_seqlens_q ? p.cu_seqlens_q[batch] : 0;
+    q.sq = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - q.q_tok0 : p.seqlen_q;
+    q.k_tok0 = p.cu_seqlens_k ? p.cu_seqlens_k[batch] : 0;
+    q.sk_stored = p.cu_seqlens_k ? p.cu_seqlens_k[batch + 1] - q.k_tok0 : p.seqlen_k;
+    q.sk = p.seqused_k ? max(min(p.seqused_k[batch], q.sk_stored), 0) : q.sk_stored;
+    q.q_batch = p.cu_seqlens_q ? 0 : batch;
+    q.k_batch = p.cu_seqlens_k ? 0 : batch;
+    q.q_packed = p.cu_seqlens_q != nullptr;
+    q.k_start = fa3c_bwd_rows_start(n_block, BWD_N, q.sk_stored, p.cu_seqlens_k != nullptr);
+    const long long diag = (long long)q.sk - q.sq;   // bottom-right aligned, per sequence (src/problem.h)
+    q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;
+    q.rel_hi = p.window_right >= 0 ? clamp_to_int(diag + p.window_right) : INT_MAX;
+    bwd_query_blocks(q, n_block, q.m_begin, q.m_end);
+    return q;
+}
+
+// A field of the CTA's BwdSeq, read from smem where it is used (a 32-bit
+// shared load that ptxas can neither hoist nor keep in a register).
+#define BWD_SEQ(sm, field) ld_shared_s32(smem_addr(&(sm).seq.field))
 
 // ---- producer ----------------------------------------------------------------------
 
@@ -88,22 +127,24 @@ FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *b
 }
 
 template <int D>
-FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
-                              int m_begin, int m_end) {
+FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int head_kv, int batch) {
+    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end);
     if (m_begin >= m_end) return;
+    const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
     mbar_arrive_expect_tx(&sm.kv_full, 2 * BWD_N * D * 2);
-    bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, BWD_N, n_block * BWD_N, head_kv, batch);
-    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, BWD_N, n_block * BWD_N, head_kv, batch);
+    bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, BWD_N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
+    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, BWD_N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
     int it = 0;
     for (int g = 0; g < p.group; g++) {
         const int head = head_kv * p.group + g;
         const int64_t row_base = ((int64_t)batch * p.heads_q + head) * p.rows_pad;
         for (int m = m_begin; m < m_end; m++, it++) {
             const int s = it % BWD_STAGES;
+            const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, BWD_M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
             if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
             mbar_arrive_expect_tx(&sm.full[s], 2 * BWD_M * D * 2 + 2 * BWD_M * 4);
-            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], BWD_M, m * BWD_M, head, batch);
-            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], BWD_M, m * BWD_M, head, batch);
+            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
+            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
             bulk_load(sm.lse_log2[s], p.lse_log2 + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
             bulk_load(sm.dsum[s], p.dsum + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
         }
@@ -163,13 +204,27 @@ FA3C_DEVICE void bwd_fence_regs(float *x) {
 
 // ---- consumer element-wise steps ---------------------------------------------------
 
+// The columns c (query q0 + c, c in [0, 64)) that key row `key` sees,
+// as c >= lo and c <= hi with lo, hi clamped to [-1, 64] (so that no
+// unbounded window overflows), less 2 quad: the element loop then compares
+// its constant 8 j + e against them. An empty range for keys before
+// own_lo (a shifted tile's rows of the block before) and past those used.
+FA3C_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int quad, int &lo, int &hi) {
+    const bool row_ok = key >= own_lo && key < sk;
+    const long long first = (long long)key - rel_hi - q0, last = (long long)key - rel_lo - q0;   // rel = key - q
+    lo = row_ok ? (int)max(min(first, 64ll), -1ll) - 2 * quad : INT_MAX;
+    hi = (int)max(min(last, 64ll), -1ll) - 2 * quad;
+}
+
 // Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
-// key0 + 8, query columns q0 + 8 j + 2 quad (+1). Masked elements (and keys
-// past the end) get P = 0; padding query rows have lse_log2 = +inf, so P = 0.
-// SOFTCAP: scores through softcap·tanh, and dS times tanh's derivative.
+// key0 + 8, query columns q0 + 8 j + 2 quad (+1). P = 0 where the row does
+// not see the column (seen_columns); padding query rows, and rows a shifted
+// query tile shares with the block before, have lse_log2 = +inf, so P = 0
+// there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
+// derivative.
 template <bool SOFTCAP>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
-                                 const fa3c_bwd_kernel_params &p, int key0, int q0) {
+                                 const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < BWD_M / 8; j++) {
@@ -179,8 +234,8 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
         for (int r = 0; r < 2; r++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int i = 4 * j + 2 * r + e, key = key0 + 8 * r, rel = key - (q0 + col + e);
-                const bool seen = key < p.seqlen_k && rel >= p.rel_lo && rel <= p.rel_hi;
+                const int i = 4 * j + 2 * r + e;
+                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
                 float score = st[i], slope = 1.f;
                 if (SOFTCAP) {
                     const float t = tanh_approx(score * p.softcap_pre);
@@ -188,10 +243,27 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
                     slope = 1.f - t * t;
                 }
                 const float prob = seen ? ex2f(score * p.score_log2 - (e ? lse.y : lse.x)) : 0.f;
+                const float grad = prob * (dpt[i] - (e ? ds.y : ds.x));
                 st[i] = prob;
-                dpt[i] = SOFTCAP ? prob * (dpt[i] - (e ? ds.y : ds.x)) * slope : prob * (dpt[i] - (e ? ds.y : ds.x));
+                dpt[i] = !seen ? 0.f : SOFTCAP ? grad * slope : grad;   // V rows past the keys used may be NaN
             }
     }
+}
+
+// With seqused_k the K rows past the keys used may hold anything, NaN
+// included, and dQ = dS·K multiplies them by dS = 0: this warpgroup's rows
+// of them are zeroed once, before any wgmma reads the tile (the caller's
+// named barrier then makes every thread's zeros visible to both warpgroups:
+// dQ reads all 128 rows at hdim 128).
+template <int D>
+FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, int k_start, int sk, int wg) {
+    const int first = k_start + wg * 64;
+    if (first + 64 <= sk) return;
+    for (int u = threadIdx.x % 128; u < 64 * (D / 8); u += 128) {
+        const int row = u / (D / 8), unit = u % (D / 8);
+        if (first + row >= sk) st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
+    }
+    fence_proxy_async_smem();
 }
 
 // This warp's 16 key rows of dSᵀ (A fragments, 16-bit) into the dS buffer,
@@ -208,14 +280,16 @@ FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
                     frag[kk][3]);
 }
 
-// dq_accum rows [q0, q0 + 64) += this thread's part of dq (columns col0 +
-// 8 j + 2 quad, +1; rows warp * 16 + lane / 4, + 8), rows past the end skipped.
-FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int seqlen_q, int col0, int warp, int D) {
+// dq_accum += this thread's part of dq: tile rows warp * 16 + lane / 4
+// (+ 8) are queries q0 + row, of which those in [own_lo, sq) are this
+// block's (own_lo = m BWD_M; a shifted tile starts before it); columns
+// col0 + 8 j + 2 quad (+1).
+FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int sq, int col0, int warp, int D) {
     const int lane = threadIdx.x % 32, quad = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int q = q0 + warp * 16 + lane / 4 + 8 * r;
-        if (q >= seqlen_q) continue;
+        if (q < own_lo || q >= sq) continue;
         float *row = dq_rows + (int64_t)q * D + col0 + 2 * quad;
 #pragma unroll
         for (int j = 0; j < 8; j++) red_add_f32x2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
@@ -225,8 +299,8 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int seqlen_q, i
 // The first key block that sees query block m: the key blocks that do
 // form a contiguous range (bwd_query_blocks' bounds grow with the key
 // block), starting at the one holding the first row's first key.
-FA3C_DEVICE int first_key_block(const fa3c_bwd_kernel_params &p, int m) {
-    const long long first_key = (long long)m * BWD_M + p.rel_lo;
+FA3C_DEVICE int first_key_block(int rel_lo, int m) {
+    const long long first_key = (long long)m * BWD_M + rel_lo;
     return first_key <= 0 ? 0 : (int)(first_key / BWD_N);
 }
 
@@ -240,17 +314,17 @@ FA3C_DEVICE int first_key_block(const fa3c_bwd_kernel_params &p, int m) {
 // barrier carries its acquire to the others and their adds to its release.
 template <int D>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
-                                int batch, int head, int m, int col0, int wg, int warp) {
+                                int batch, int head, int m, int q0, int sq, int rel_lo, int col0, int wg, int warp) {
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
-    if (leader) wait_counter_at_least(sem, n_block - first_key_block(p, m));
+    if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     if (D == 64) {
-        if (wg == 0) add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+        if (wg == 0) add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-        if (wg == 1) add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+        if (wg == 1) add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
     } else {
-        add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, col0, warp, D);
+        add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
     }
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     if (leader) {
@@ -259,17 +333,19 @@ FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows,
     }
 }
 
-// acc(64 keys x D) * scale to rows key0, key0 + 8 of `out` (16-bit; element
-// strides, all even), keys past the end skipped.
+// acc(64 keys x D) * scale to this thread's key rows key0, key0 + 8 of
+// `out` (16-bit; element strides, all even): those in [own_lo, sk_stored),
+// at token tok0 + key (packed sequences: `batch` is 0 then).
 template <int D, int FP16>
 FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *acc, float scale, int batch,
-                                int head_kv, int key0, int seqlen_k) {
+                                int head_kv, int tok0, int key0, int own_lo, int sk_stored) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        if (key >= seqlen_k) continue;
-        uint16_t *row = (uint16_t *)out + batch * stride[0] + key * stride[1] + head_kv * stride[2] + 2 * quad;
+        if (key < own_lo || key >= sk_stored) continue;
+        uint16_t *row = (uint16_t *)out + batch * stride[0] + (int64_t)(tok0 + key) * stride[1] + head_kv * stride[2] +
+                        2 * quad;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             const float x = acc[4 * j + 2 * r] * scale, y = acc[4 * j + 2 * r + 1] * scale;
@@ -282,77 +358,96 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 
 template <int D, int FP16>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
-                              int m_begin, int m_end, int wg) {
+                              int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    const int key0 = n_block * BWD_N + wg * 64 + warp * 16 + lane / 4;   // this thread's rows: key0, key0 + 8
+    const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
     const int dq_col0 = D == 64 ? 0 : wg * 64;
     float dk[D / 2], dv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
-    if (m_begin < m_end) mbar_wait_parity(&sm.kv_full, 0);
-    int it = 0;
-    for (int g = 0; g < p.group; g++) {
-        const int head = head_kv * p.group + g;
-        float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
-        // The range again per head (a few instructions) rather than two
-        // registers held across the walk: ptxas spilled them at hdim 128.
-        bwd_query_blocks(p, (int)opaque_u32(n_block), m_begin, m_end);
-        for (int m = m_begin; m < m_end; m++, it++) {
-            const int s = it % BWD_STAGES;
-            mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
-
-            // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys.
-            float st[BWD_M / 2], dpt[BWD_M / 2];
-            wgmma_fence();
-            gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
-            gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
-            wgmma_commit();
-            wgmma_wait<0>();
-            bwd_fence_regs<BWD_M / 2>(st);
-            bwd_fence_regs<BWD_M / 2>(dpt);
-
-            // Pᵀ and dSᵀ; dSᵀ to smem for dQ = dS·K (before the wgmma that
-            // reads ds_frag is issued: an in-flight wgmma's registers are not
-            // to be touched). Buffer it % 2: the barrier of block it - 1 came
-            // after both warpgroups' dQ(it - 2) was complete.
-            if (p.softcap != 0.f) probs_and_grads<true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
-            else probs_and_grads<false>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, key0, m * BWD_M);
-            uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
-            probs_to_fragments<BWD_M, FP16>(st, p_frag);
-            probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
-            uint8_t *ds = sm.ds[it % 2];
-            store_ds(ds, ds_frag, wg, warp);
-            fence_proxy_async_smem();
-
-            // dV += Pᵀ·dO and dK += dSᵀ·Q, left in flight under the barrier and dQ.
-            wgmma_fence();
-            gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
-            gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
-            wgmma_commit();
+    if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
+        mbar_wait_parity(&sm.kv_full, 0);
+        if (p.seqused_k) {   // both warpgroups' zeros before any wgmma reads the tile
+            zero_unused_key_rows<D>(sm.k, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), wg);
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
-            float dq[32];
-            wgmma_fence();
-            gemm_dq<D, FP16>(dq, ds, sm.k, wg);
-            wgmma_commit();
-            wgmma_wait<0>();
-            bwd_fence_regs<32>(dq);
-
-            // The slot's Q, dO, LSE and dsum are read: release it, then add dQ.
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.empty[s]);
-            if (p.dq_semaphore) add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, dq_col0, wg, warp);
-            else add_dq(dq_rows, dq, m * BWD_M, p.seqlen_q, dq_col0, warp, D);
         }
+    }
+    // One walk over (head of the group, query block), the producer's order.
+    // Its bounds and the sequence's fields come from smem at each step:
+    // registers are full, and ptxas spilled the nested loops' counters.
+    for (int it = 0; it < p.group * (BWD_SEQ(sm, m_end) - BWD_SEQ(sm, m_begin)); it++) {
+        const int s = it % BWD_STAGES;
+        mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys.
+        float st[BWD_M / 2], dpt[BWD_M / 2];
+        wgmma_fence();
+        gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
+        gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        bwd_fence_regs<BWD_M / 2>(st);
+        bwd_fence_regs<BWD_M / 2>(dpt);
+
+        // Pᵀ and dSᵀ; dSᵀ to smem for dQ = dS·K (before the wgmma that
+        // reads ds_frag is issued: an in-flight wgmma's registers are not
+        // to be touched). Buffer it % 2: the barrier of block it - 1 came
+        // after both warpgroups' dQ(it - 2) was complete.
+        {
+            const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
+            const int m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq), quad = lane % 4;
+            const int key0 = BWD_SEQ(sm, k_start) + row_in_tile;
+            const int q0 = fa3c_bwd_rows_start(m, BWD_M, sq, BWD_SEQ(sm, q_packed));
+            const int sk = BWD_SEQ(sm, sk), rel_lo = BWD_SEQ(sm, rel_lo), rel_hi = BWD_SEQ(sm, rel_hi);
+            int lo[2], hi[2];
+            seen_columns(key0, n_block * BWD_N, sk, rel_lo, rel_hi, q0, quad, lo[0], hi[0]);
+            seen_columns(key0 + 8, n_block * BWD_N, sk, rel_lo, rel_hi, q0, quad, lo[1], hi[1]);
+            if (p.softcap != 0.f) probs_and_grads<true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+            else probs_and_grads<false>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        }
+        uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
+        probs_to_fragments<BWD_M, FP16>(st, p_frag);
+        probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
+        uint8_t *ds = sm.ds[it % 2];
+        store_ds(ds, ds_frag, wg, warp);
+        fence_proxy_async_smem();
+
+        // dV += Pᵀ·dO and dK += dSᵀ·Q, left in flight under the barrier and dQ.
+        wgmma_fence();
+        gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
+        gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
+        wgmma_commit();
+        named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+        float dq[32];
+        wgmma_fence();
+        gemm_dq<D, FP16>(dq, ds, sm.k, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        bwd_fence_regs<32>(dq);
+
+        // The slot's Q, dO, LSE and dsum are read: release it, then add dQ.
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty[s]);
+        const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
+        const int head = head_kv * p.group + it / blocks, m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq);
+        const int q0 = fa3c_bwd_rows_start(m, BWD_M, sq, BWD_SEQ(sm, q_packed));
+        float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
+        if (p.dq_semaphore)
+            add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, q0, sq, BWD_SEQ(sm, rel_lo), dq_col0, wg, warp);
+        else
+            add_dq(dq_rows, dq, q0, m * BWD_M, sq, dq_col0, warp, D);
     }
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
-    store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, batch, head_kv, key0, p.seqlen_k);
-    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, batch, head_kv, key0, p.seqlen_k);
+    const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, sk_stored = BWD_SEQ(sm, sk_stored);
+    const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
+    store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored);
+    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored);
 }
 
 // ---- the kernel --------------------------------------------------------------------
 
-// Grid: (key blocks, heads_kv, batch).
+// Grid: (key blocks of the longest sequence, heads_kv, batch).
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(FA3C_BWD_HEADDIM_OK(D), "backward head dims: 64 and 128");
@@ -361,10 +456,9 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     extern __shared__ uint8_t smem_raw[];
     BwdSmem<D> &sm = *(BwdSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-    int m_begin, m_end;
-    bwd_query_blocks(p, n_block, m_begin, m_end);
 
     if (threadIdx.x == 0) {
+        sm.seq = bwd_sequence(p, n_block, batch);
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
@@ -377,14 +471,15 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         fence_barrier_init();
     }
     __syncthreads();
+    if (n_block * BWD_N >= BWD_SEQ(sm, sk_stored)) return;   // a shorter sequence's key blocks end before this one
 
     const int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);   // warpgroup-uniform, as setmaxnreg requires
     if (warpgroup == 0) {
         reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
-        if (threadIdx.x == 0) bwd_producer<D>(p, sm, n_block, head_kv, batch, m_begin, m_end);
+        if (threadIdx.x == 0) bwd_producer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
-        bwd_consumer<D, FP16>(p, sm, n_block, head_kv, batch, m_begin, m_end, warpgroup - 1);
+        bwd_consumer<D, FP16>(p, sm, n_block, head_kv, batch, warpgroup - 1);
     }
 }
 

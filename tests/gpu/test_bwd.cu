@@ -24,6 +24,11 @@ typedef struct {
     float outlier;    // > 0: scale 0.1% of q and k entries by this (large logits)
     int deterministic;   // 1: dq must be bit-identical over the two runs too
     float softcap;
+    // Variable length: varlen = 1 packs the sequences (cu_seqlens_q / _k), of lens_q[b] queries and
+    // lens_k[b] keys (seqlen_q / _k must be their maximum); seqused = 1 uses used[b] of each sequence's
+    // keys (seqused_k), the rows past it NaN in k and v, which must not reach any gradient.
+    int varlen, lens_q[8], lens_k[8];
+    int seqused, used[8];
 } bwd_case;
 
 static bwd_case bcase(fa3c_dtype dt, int b, int sq, int sk, int hq, int hkv, int d) {
@@ -46,25 +51,36 @@ static float round_to(fa3c_dtype dt, float x) {
     return tu_load(&b, dt, 0);
 }
 
-// The naive backward in the input precision, on contiguous (b, s, h, d)
-// float copies of the inputs, out and lse as the GPU gets them.
-static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const float *q, const float *k, const float *v,
-                           const float *o, const float *dout, const float *lse, float *dq, float *dk, float *dv) {
-    const int B = c->batch, SQ = c->seqlen_q, SK = c->seqlen_k, HQ = c->heads_q, HK = c->heads_kv, D = c->headdim;
-    const int group = HQ / HK;
+// Where sequence b lives in the packed (tokens, heads, headdim) float
+// copies (a fixed-length batch is the same with tokens b x seqlen), and
+// what it uses.
+typedef struct {
+    int64_t tq0[8], tk0[8];   // token of its query / key 0
+    int sq[8], sk[8];         // its queries, and the keys it uses (seqused_k)
+    int64_t total_q;          // the LSE's row count per head when packed
+    int packed_q;
+} seq_layout;
+
+// The naive backward in the input precision, on the float copies of the
+// inputs, out and lse as the GPU gets them. dk and dv of keys no query
+// sees (or past those used) stay 0.
+static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const seq_layout *L, int64_t nq, int64_t nk,
+                           const float *q, const float *k, const float *v, const float *o, const float *dout,
+                           const float *lse, float *dq, float *dk, float *dv) {
+    const int HQ = c->heads_q, HK = c->heads_kv, D = c->headdim, group = HQ / HK;
     const double scale = pr->softmax_scale;
-    memset(dq, 0, sizeof(float) * B * SQ * HQ * D);
-    double *dk_acc = (double *)tu_alloc(sizeof(double) * B * SK * HK * D), *dv_acc = (double *)tu_alloc(sizeof(double) * B * SK * HK * D);
-    memset(dk_acc, 0, sizeof(double) * B * SK * HK * D);
-    memset(dv_acc, 0, sizeof(double) * B * SK * HK * D);
-    float *ds = (float *)tu_alloc(sizeof(float) * SK);
-    for (int b = 0; b < B; b++)
+    memset(dq, 0, sizeof(float) * nq);
+    double *dk_acc = (double *)tu_alloc(sizeof(double) * nk), *dv_acc = (double *)tu_alloc(sizeof(double) * nk);
+    memset(dk_acc, 0, sizeof(double) * nk);
+    memset(dv_acc, 0, sizeof(double) * nk);
+    float *ds = (float *)tu_alloc(sizeof(float) * (c->seqlen_k + 1));
+    for (int b = 0; b < c->batch; b++)
         for (int h = 0; h < HQ; h++) {
-            const int hk = h / group;
+            const int hk = h / group, SQ = L->sq[b], SK = L->sk[b];
             for (int i = 0; i < SQ; i++) {
-                const float *qi = q + (((int64_t)b * SQ + i) * HQ + h) * D, *gi = dout + (((int64_t)b * SQ + i) * HQ + h) * D;
-                const float *oi = o + (((int64_t)b * SQ + i) * HQ + h) * D;
-                const float l = lse[((int64_t)b * HQ + h) * SQ + i];
+                const int64_t qrow = ((L->tq0[b] + i) * HQ + h) * D;
+                const float *qi = q + qrow, *gi = dout + qrow, *oi = o + qrow;
+                const float l = L->packed_q ? lse[h * L->total_q + L->tq0[b] + i] : lse[((int64_t)b * HQ + h) * c->seqlen_q + i];
                 double dsum = 0;
                 for (int e = 0; e < D; e++) dsum += (double)gi[e] * oi[e];
                 const float dsum_r = round_to(c->dtype, (float)dsum);
@@ -73,7 +89,8 @@ static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const floa
                 for (int j = 0; j < SK; j++) {
                     ds[j] = 0;
                     if (j < lo || j > hi || isinf(l)) continue;
-                    const float *kj = k + (((int64_t)b * SK + j) * HK + hk) * D, *vj = v + (((int64_t)b * SK + j) * HK + hk) * D;
+                    const int64_t krow = ((L->tk0[b] + j) * HK + hk) * D;
+                    const float *kj = k + krow, *vj = v + krow;
                     double s = 0, dp = 0;
                     for (int e = 0; e < D; e++) {
                         s += (double)qi[e] * kj[e];
@@ -87,21 +104,19 @@ static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const floa
                     }
                     const float p = round_to(c->dtype, (float)exp(score - l));
                     ds[j] = round_to(c->dtype, (float)(p * (round_to(c->dtype, (float)dp) - dsum_r) * slope));
-                    double *dvj = dv_acc + (((int64_t)b * SK + j) * HK + hk) * D, *dkj = dk_acc + (((int64_t)b * SK + j) * HK + hk) * D;
                     for (int e = 0; e < D; e++) {
-                        dvj[e] += (double)p * gi[e];
-                        dkj[e] += (double)ds[j] * qi[e] * scale;
+                        dv_acc[krow + e] += (double)p * gi[e];
+                        dk_acc[krow + e] += (double)ds[j] * qi[e] * scale;
                     }
                 }
-                float *dqi = dq + (((int64_t)b * SQ + i) * HQ + h) * D;
                 for (int e = 0; e < D; e++) {
                     double acc = 0;
-                    for (int j = lo; j <= hi; j++) acc += (double)ds[j] * k[(((int64_t)b * SK + j) * HK + hk) * D + e];
-                    dqi[e] = round_to(c->dtype, (float)(acc * scale));
+                    for (int j = lo; j <= hi && j < SK; j++) acc += (double)ds[j] * k[((L->tk0[b] + j) * HK + hk) * D + e];
+                    dq[qrow + e] = round_to(c->dtype, (float)(acc * scale));
                 }
             }
         }
-    for (int64_t i = 0; i < (int64_t)B * SK * HK * D; i++) {
+    for (int64_t i = 0; i < nk; i++) {
         dk[i] = round_to(c->dtype, (float)dk_acc[i]);
         dv[i] = round_to(c->dtype, (float)dv_acc[i]);
     }
@@ -176,10 +191,35 @@ static void run_case(const char *label, bwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) packed=%d outlier=%g "
-           "deterministic=%d softcap=%g\n", label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q,
+           "deterministic=%d softcap=%g", label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q,
            c.heads_kv, c.headdim, c.causal, c.window_left, c.window_right, c.packed_qkv, c.outlier, c.deterministic,
            c.softcap);
-    const int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D, nlse = B * HQ * SQ;
+    for (int b = 0; c.varlen && b < c.batch; b++) printf("%s%d/%d", b ? "," : " lens q/k ", c.lens_q[b], c.lens_k[b]);
+    for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k ", c.used[b]);
+    printf("\n");
+    if ((c.varlen || c.seqused) && (c.packed_qkv || c.batch > 8)) {
+        CHECK(0, "test case: varlen and seqused_k need separate q, k, v and batch <= 8");
+        return;
+    }
+    // The sequences: packed (varlen) as one batch of their tokens, else batch x seqlen (the same
+    // offsets: sequence b starts at token b x seqlen of the contiguous tensors).
+    seq_layout L;
+    memset(&L, 0, sizeof L);
+    int32_t cu_q[9] = {0}, cu_k[9] = {0}, used[8];
+    for (int b = 0; b < c.batch; b++) {
+        L.sq[b] = c.varlen ? c.lens_q[b] : c.seqlen_q;
+        const int stored = c.varlen ? c.lens_k[b] : c.seqlen_k;
+        used[b] = c.seqused ? c.used[b] : stored;
+        L.sk[b] = used[b] < stored ? used[b] : stored;
+        cu_q[b + 1] = cu_q[b] + L.sq[b];
+        cu_k[b + 1] = cu_k[b] + stored;
+        L.tq0[b] = cu_q[b];
+        L.tk0[b] = cu_k[b];
+    }
+    L.total_q = cu_q[c.batch];
+    L.packed_q = c.varlen;
+    const int64_t BT = c.varlen ? 1 : B, SQT = c.varlen ? cu_q[c.batch] : SQ, SKT = c.varlen ? cu_k[c.batch] : SK;
+    const int64_t nq = BT * SQT * HQ * D, nk = BT * SKT * HK * D, nlse = BT * HQ * SQT;
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, c.dtype, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim);
@@ -189,6 +229,11 @@ static void run_case(const char *label, bwd_case c) {
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
     p.deterministic = c.deterministic;
     p.problem.softcap = c.softcap;
+    if (c.varlen) {   // host copies for the CPU references; device copies for the GPU run
+        p.problem.cu_seqlens_q = cu_q;
+        p.problem.cu_seqlens_k = cu_k;
+    }
+    if (c.seqused) p.problem.seqused_k = used;
 
     // Inputs in the dtype: q, k, v (separate or packed), dout.
     void *hqkv = NULL, *hq, *hk, *hv;
@@ -212,47 +257,51 @@ static void run_case(const char *label, bwd_case c) {
         tu_fill_normal(hq, c.dtype, nq, 1.f);
         tu_fill_normal(hk, c.dtype, nk, 1.f);
         tu_fill_normal(hv, c.dtype, nk, 1.f);
-        tu_strides_bshd(p.q.stride, B, SQ, HQ, D);
-        tu_strides_bshd(p.k.stride, B, SK, HK, D);
-        tu_strides_bshd(p.v.stride, B, SK, HK, D);
+        tu_strides_bshd(p.q.stride, BT, SQT, HQ, D);
+        tu_strides_bshd(p.k.stride, BT, SKT, HK, D);
+        tu_strides_bshd(p.v.stride, BT, SKT, HK, D);
     }
-    if (c.outlier > 0) {
+    if (c.outlier > 0) {   // contiguous tensors only (packed_qkv has no outliers)
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
-            fa3c_tensor t = p.q;
-            int64_t j = tu_rand_int(0, (int)(nq - 1)), d = j % D, h = (j / D) % HQ, s = (j / D / HQ) % SQ, b = j / D / HQ / SQ;
-            int64_t off = b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d;
-            tu_store(hq, c.dtype, off, tu_load(hq, c.dtype, off) * c.outlier);
+            int64_t j = tu_rand_int(0, (int)(nq - 1));
+            tu_store(hq, c.dtype, j, tu_load(hq, c.dtype, j) * c.outlier);
         }
         for (int64_t i = 0; i < nk / 1000 + 1; i++) {
-            fa3c_tensor t = p.k;
-            int64_t j = tu_rand_int(0, (int)(nk - 1)), d = j % D, h = (j / D) % HK, s = (j / D / HK) % SK, b = j / D / HK / SK;
-            int64_t off = b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d;
-            tu_store(hk, c.dtype, off, tu_load(hk, c.dtype, off) * c.outlier);
+            int64_t j = tu_rand_int(0, (int)(nk - 1));
+            tu_store(hk, c.dtype, j, tu_load(hk, c.dtype, j) * c.outlier);
         }
+    }
+    if (c.seqused) {   // the keys past each sequence's count: NaN (a KV cache's unused rows may hold anything)
+        for (int b = 0; b < c.batch; b++)
+            for (int64_t j = L.sk[b]; j < cu_k[b + 1] - cu_k[b]; j++)
+                for (int64_t e = 0; e < HK * D; e++) {
+                    tu_store(hk, c.dtype, (L.tk0[b] + j) * HK * D + e, NAN);
+                    tu_store(hv, c.dtype, (L.tk0[b] + j) * HK * D + e, NAN);
+                }
     }
     void *hdout = tu_alloc(nq * es);
     tu_fill_normal(hdout, c.dtype, nq, 1.f);
     p.q.data = hq;
     p.k.data = hk;
     p.v.data = hv;
-    tu_strides_bshd(p.dout.stride, B, SQ, HQ, D);
+    tu_strides_bshd(p.dout.stride, BT, SQT, HQ, D);
     p.dout.data = hdout;
 
     // out (in the dtype) and lse from the float64 reference forward: what a forward would hand the backward.
     float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nk * 4);
     float *fdout = (float *)tu_alloc(nq * 4), *fo = (float *)tu_alloc(nq * 4), *lse = (float *)tu_alloc(nlse * 4);
-    tu_gather(fq, &p.q, c.dtype, B, SQ, HQ, D);
-    tu_gather(fk, &p.k, c.dtype, B, SK, HK, D);
-    tu_gather(fv, &p.v, c.dtype, B, SK, HK, D);
-    tu_gather(fdout, &p.dout, c.dtype, B, SQ, HQ, D);
+    tu_gather(fq, &p.q, c.dtype, BT, SQT, HQ, D);
+    tu_gather(fk, &p.k, c.dtype, BT, SKT, HK, D);
+    tu_gather(fv, &p.v, c.dtype, BT, SKT, HK, D);
+    tu_gather(fdout, &p.dout, c.dtype, BT, SQT, HQ, D);
     fa3c_fwd_params f;
     fa3c_fwd_params_init(&f);
     f.problem = p.problem;
     f.problem.dtype = FA3C_DTYPE_FP32;
-    f.q = tu_tensor(fq, B, SQ, HQ, D);
-    f.k = tu_tensor(fk, B, SK, HK, D);
-    f.v = tu_tensor(fv, B, SK, HK, D);
-    f.out = tu_tensor(fo, B, SQ, HQ, D);
+    f.q = tu_tensor(fq, BT, SQT, HQ, D);
+    f.k = tu_tensor(fk, BT, SKT, HK, D);
+    f.v = tu_tensor(fv, BT, SKT, HK, D);
+    f.out = tu_tensor(fo, BT, SQT, HQ, D);
     f.lse = lse;
     f.backend = FA3C_BACKEND_CPU_REFERENCE;
     CHECK(fa3c_fwd(&f, NULL) == FA3C_STATUS_OK, "reference forward: %s", fa3c_last_error());
@@ -261,7 +310,7 @@ static void run_case(const char *label, bwd_case c) {
         tu_store(hout, c.dtype, i, fo[i]);
         fo[i] = tu_load(hout, c.dtype, i);   // the rounded out, as the backward sees it
     }
-    tu_strides_bshd(p.out.stride, B, SQ, HQ, D);
+    tu_strides_bshd(p.out.stride, BT, SQT, HQ, D);
 
     // The float64 reference backward on float copies, and the naive one in the dtype.
     float *ref = (float *)tu_alloc((nq + 2 * nk) * 4), *lowp = (float *)tu_alloc((nq + 2 * nk) * 4);
@@ -270,15 +319,15 @@ static void run_case(const char *label, bwd_case c) {
     r.q = f.q;
     r.k = f.k;
     r.v = f.v;
-    r.out = tu_tensor(fo, B, SQ, HQ, D);
-    r.dout = tu_tensor(fdout, B, SQ, HQ, D);
+    r.out = tu_tensor(fo, BT, SQT, HQ, D);
+    r.dout = tu_tensor(fdout, BT, SQT, HQ, D);
     r.lse = lse;
-    r.dq = tu_tensor(ref, B, SQ, HQ, D);
-    r.dk = tu_tensor(ref + nq, B, SK, HK, D);
-    r.dv = tu_tensor(ref + nq + nk, B, SK, HK, D);
+    r.dq = tu_tensor(ref, BT, SQT, HQ, D);
+    r.dk = tu_tensor(ref + nq, BT, SKT, HK, D);
+    r.dv = tu_tensor(ref + nq + nk, BT, SKT, HK, D);
     r.backend = FA3C_BACKEND_CPU_REFERENCE;
     CHECK(fa3c_bwd(&r, NULL) == FA3C_STATUS_OK, "reference backward: %s", fa3c_last_error());
-    bwd_naive_lowp(&c, &p.problem, fq, fk, fv, fo, fdout, lse, lowp, lowp + nq, lowp + nq + nk);
+    bwd_naive_lowp(&c, &p.problem, &L, nq, nk, fq, fk, fv, fo, fdout, lse, lowp, lowp + nq, lowp + nq + nk);
 
     // The GPU: inputs on the device, outputs between poisoned guards, two runs.
     const size_t q_bytes = (c.packed_qkv ? 3 * nq : nq) * es;
@@ -287,6 +336,9 @@ static void run_case(const char *label, bwd_case c) {
     void *dv_in = hqkv ? (char *)dq_in + 2 * HQ * D * es : to_device(hv, nk * es);
     void *d_out = to_device(hout, nq * es), *d_dout = to_device(hdout, nq * es);
     float *d_lse = (float *)to_device(lse, nlse * 4);
+    int32_t *d_cu_q = c.varlen ? (int32_t *)to_device(cu_q, sizeof cu_q) : NULL;
+    int32_t *d_cu_k = c.varlen ? (int32_t *)to_device(cu_k, sizeof cu_k) : NULL;
+    int32_t *d_used = c.seqused ? (int32_t *)to_device(used, sizeof used) : NULL;
     const int64_t guard = 4096;
     const int64_t n_out[3] = {nq, nk, nk};
     void *alloc[3] = {NULL, NULL, NULL};
@@ -301,9 +353,12 @@ static void run_case(const char *label, bwd_case c) {
         g.out.data = d_out;
         g.dout.data = d_dout;
         g.lse = d_lse;
-        g.dq = tu_tensor((char *)alloc[0] + guard * es, B, SQ, HQ, D);
-        g.dk = tu_tensor((char *)alloc[1] + guard * es, B, SK, HK, D);
-        g.dv = tu_tensor((char *)alloc[2] + guard * es, B, SK, HK, D);
+        g.dq = tu_tensor((char *)alloc[0] + guard * es, BT, SQT, HQ, D);
+        g.dk = tu_tensor((char *)alloc[1] + guard * es, BT, SKT, HK, D);
+        g.dv = tu_tensor((char *)alloc[2] + guard * es, BT, SKT, HK, D);
+        g.problem.cu_seqlens_q = d_cu_q;
+        g.problem.cu_seqlens_k = d_cu_k;
+        g.problem.seqused_k = d_used;
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_bwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_bwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -344,6 +399,9 @@ static void run_case(const char *label, bwd_case c) {
     cudaFree(d_out);
     cudaFree(d_dout);
     cudaFree(d_lse);
+    cudaFree(d_cu_q);
+    cudaFree(d_cu_k);
+    cudaFree(d_used);
     for (int run = 0; run < 2; run++)
         for (int t = 0; t < 3; t++) free(gout[run][t]);
     if (hqkv) free(hqkv);
@@ -452,6 +510,55 @@ TEST(bwd_softcap) {
     c.softcap = 30.f;
     c.causal = 1;
     run_case("softcap 30 causal GQA fp16", c);
+}
+
+static bwd_case varlen_case(fa3c_dtype dt, int batch, int hq, int hkv, int d, const int *lens_q, const int *lens_k) {
+    bwd_case c = bcase(dt, batch, 1, 1, hq, hkv, d);
+    c.varlen = 1;
+    for (int b = 0; b < batch; b++) {
+        c.lens_q[b] = lens_q[b];
+        c.lens_k[b] = lens_k[b];
+        if (lens_q[b] > c.seqlen_q) c.seqlen_q = lens_q[b];
+        if (lens_k[b] > c.seqlen_k) c.seqlen_k = lens_k[b];
+    }
+    return c;
+}
+
+// Packed sequences: lengths under a block, not multiples of 64 or 128, query
+// and key counts that differ, so the last tiles of a sequence are shifted
+// up (fa3c_bwd_rows_start) and the first ones start in the sequence before.
+TEST(bwd_packed_sequences) {
+    REQUIRE_CUDA_BWD();
+    const int lq[4] = {130, 17, 300, 64}, lk[4] = {130, 200, 45, 129};
+    run_case("packed", varlen_case(BF16, 4, 2, 2, 128, lq, lk));
+    bwd_case c = varlen_case(BF16, 4, 6, 2, 64, lq, lk);
+    c.causal = 1;
+    run_case("packed causal GQA hdim 64", c);
+    const int lq2[3] = {1, 250, 70}, lk2[3] = {300, 1, 70};
+    c = varlen_case(FP16, 3, 2, 2, 128, lq2, lk2);
+    c.window_left = 40;
+    c.window_right = 8;
+    c.deterministic = 1;
+    run_case("packed window deterministic fp16", c);
+}
+
+// seqused_k: each sequence uses the first used[b] of its keys; the rest are
+// NaN in k and v and get zero gradients.
+TEST(bwd_seqused_k) {
+    REQUIRE_CUDA_BWD();
+    bwd_case c = bcase(BF16, 3, 200, 300, 2, 2, 128);
+    c.seqused = 1;
+    c.used[0] = 300;
+    c.used[1] = 129;
+    c.used[2] = 1;
+    run_case("seqused_k", c);
+    const int lq[2] = {100, 64}, lk[2] = {260, 90};
+    c = varlen_case(BF16, 2, 4, 2, 64, lq, lk);
+    c.seqused = 1;
+    c.used[0] = 131;
+    c.used[1] = 90;
+    c.causal = 1;
+    run_case("packed seqused_k causal", c);
 }
 
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
