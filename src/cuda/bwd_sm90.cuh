@@ -250,18 +250,20 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
     }
 }
 
-// With seqused_k the K rows past the keys used may hold anything, NaN
+// With seqused_k the K rows outside the keys used may hold anything, NaN
 // included, and dQ = dS·K multiplies them by dS = 0: this warpgroup's rows
 // of them are zeroed once, before any wgmma reads the tile (the caller's
 // named barrier then makes every thread's zeros visible to both warpgroups:
-// dQ reads all 128 rows at hdim 128).
+// dQ reads all 128 rows at hdim 128). Outside means past this sequence's
+// keys used, or before its key 0: a shifted tile of a short packed
+// sequence starts in the sequence before, whose unused keys may be NaN.
 template <int D>
 FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, int k_start, int sk, int wg) {
     const int first = k_start + wg * 64;
-    if (first + 64 <= sk) return;
+    if (first >= 0 && first + 64 <= sk) return;
     for (int u = threadIdx.x % 128; u < 64 * (D / 8); u += 128) {
-        const int row = u / (D / 8), unit = u % (D / 8);
-        if (first + row >= sk) st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
+        const int row = u / (D / 8), unit = u % (D / 8), key = first + row;
+        if (key < 0 || key >= sk) st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
     }
     fence_proxy_async_smem();
 }
