@@ -80,6 +80,20 @@ typedef struct fa3c_bwd_prep_params {
 #define FA3C_BWD_HD
 #endif
 
+/* Sequence b of packed sequences (prefix sums cu, device memory): its first
+ * token and length, clamped as the forward's tiles are (fwd_tile.cuh) so
+ * that prefix sums breaking the API's contract (a sequence longer than
+ * max_len, sums out of order) give wrong gradients, never an access outside
+ * the tensors or the scratch. */
+static inline FA3C_BWD_HD void fa3c_bwd_packed_sequence(const int *cu, int b, int batch, int max_len, int *tok0,
+                                                        int *len) {
+    int t = cu[b], n = cu[b + 1] - t;
+    n = n < 0 ? 0 : n > max_len ? max_len : n;
+    t = t < 0 ? 0 : t > batch * max_len - n ? batch * max_len - n : t;   /* batch x max_len < 2^31: checked */
+    *tok0 = t;
+    *len = n;
+}
+
 /* The first row (query or key, counted in its sequence) of the smem tile of
  * block `block` of `rows` rows, in a sequence of `len` rows: block x rows,
  * or for packed sequences, where the maps cannot stop a box at the

@@ -21,18 +21,22 @@ static __device__ __forceinline__ void store16(void *base, int64_t i, float x) {
     else ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
 }
 
-// Query `row` of (batch, head)'s sequence: its length, and the element
-// offsets of its row in out / dout / dq (strides `st`) and its LSE.
+// The queries of `batch`'s sequence: how many, and the token of the first
+// when packed (else 0), as the main kernel sees them (bwd_sequence).
 struct PrepRow {
     int sq;
-    int64_t tok;   // token of query 0 of the sequence, packed; else 0
+    int64_t tok;
 };
 static __device__ __forceinline__ PrepRow prep_sequence(const fa3c_bwd_prep_params &p, int batch) {
     PrepRow r;
-    r.tok = p.cu_seqlens_q ? p.cu_seqlens_q[batch] : 0;
-    r.sq = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - (int)r.tok : p.seqlen_q;
+    int tok = 0;
+    r.sq = p.seqlen_q;
+    if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &tok, &r.sq);
+    r.tok = tok;
     return r;
 }
+
+// The element offset of query q of a sequence in out / dout / dq (strides st).
 static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params &p, const int64_t *st, int batch,
                                                      int64_t tok, int q, int head) {
     return (p.cu_seqlens_q ? 0 : batch * st[0]) + (tok + q) * st[1] + head * st[2];

@@ -96,10 +96,11 @@ FA3C_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, in
 
 FA3C_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch) {
     BwdSeq q;
-    q.q_tok0 = p.cu_seqlens_q ? p.cu_seqlens_q[batch] : 0;
-    q.sq = p.cu_seqlens_q ? p.cu_seqlens_q[batch + 1] - q.q_tok0 : p.seqlen_q;
-    q.k_tok0 = p.cu_seqlens_k ? p.cu_seqlens_k[batch] : 0;
-    q.sk_stored = p.cu_seqlens_k ? p.cu_seqlens_k[batch + 1] - q.k_tok0 : p.seqlen_k;
+    q.q_tok0 = q.k_tok0 = 0;
+    q.sq = p.seqlen_q;
+    q.sk_stored = p.seqlen_k;
+    if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &q.q_tok0, &q.sq);
+    if (p.cu_seqlens_k) fa3c_bwd_packed_sequence(p.cu_seqlens_k, batch, p.batch, p.seqlen_k, &q.k_tok0, &q.sk_stored);
     q.sk = p.seqused_k ? max(min(p.seqused_k[batch], q.sk_stored), 0) : q.sk_stored;
     q.q_batch = p.cu_seqlens_q ? 0 : batch;
     q.k_batch = p.cu_seqlens_k ? 0 : batch;
