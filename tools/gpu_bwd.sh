@@ -4,8 +4,9 @@
 # build of the backward's instances with it on, the step test of its dQ
 # GEMM (test_wgmma: stmatrix + wgmma with both operands MN-major), the
 # backward suite (test_bwd), compute-sanitizer memcheck and racecheck on a
-# small case, then a release build and the backward against cuDNN and FA2
-# (bench.py, hdim 64 and 128, bf16; the forward is timed too). Logs to
+# small case, then a release build, the Python GPU tests that run torch
+# autograd through it, and the backward against cuDNN and FA2 (bench.py,
+# hdim 64 and 128, bf16; the forward is timed too). Logs to
 # $OUT/bwd; a short summary last.
 #   bash tools/gpu_bwd.sh          (BWD_BENCH=0: no benchmark; EXTRA_FLAGS: knobs for both builds)
 set -u
@@ -40,6 +41,10 @@ if [ "${BWD_BENCH:-1}" = 1 ]; then
     "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build_release.log" 2>&1 &&
     timeout 300 cmake --build $R -j"$(nproc)" >>"$L/build_release.log" 2>&1
   echo "== release build rc=$?; ptxas: C75xx warnings $(grep -cE 'C7508|C7510|C7515|C7511|C7519' "$L/build_release.log"), backward kernels: $(grep -A3 'bwd_kernel' "$L/build_release.log" | grep -E 'spill|Used' | sort | uniq -c | tr '\n' ';')"
+  # torch autograd through the backward (the Python GPU tests that take it, hdim 64 and 128).
+  FA3C_LIBRARY=$PWD/$R/libfa3c.so timeout 200 bash tools/test_python.sh -q -k "gpu and (autograd or compile or varlen)" \
+    >"$L/python_bwd.log" 2>&1
+  echo "== python GPU autograd tests: rc=$? $(grep -E '(passed|failed)' "$L/python_bwd.log" | tail -1)"
   FA3C_LIBRARY=$PWD/$R/libfa3c.so PYTHONPATH=$PWD/python timeout 240 python3 bench/bench.py --hdims 64,128 \
     --seqlens 512,2048,8192 --no-gqa --no-decode --no-fp8 --flex none --impls fa3c,cudnn,fa2 --budget 200 \
     --out "$L/bench" >"$L/bench.log" 2>&1
