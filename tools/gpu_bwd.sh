@@ -3,8 +3,8 @@
 # passes: FA3C_CUDA_BWD) on the GPU machine, in one call: a hang-trap test
 # build of the backward's instances with it on, the step test of its dQ
 # GEMM (test_wgmma: stmatrix + wgmma with both operands MN-major), the
-# backward suite (test_bwd), compute-sanitizer memcheck and racecheck on a
-# small case, then a release build, the Python GPU tests that run torch
+# backward suite (test_bwd), compute-sanitizer memcheck and racecheck on
+# bwd_small, then a release build, the Python GPU tests that run torch
 # autograd through it, and the backward against cuDNN and FA2 (bench.py,
 # hdim 64 and 128, bf16; the forward is timed too). Logs to
 # $OUT/bwd; a short summary last.
@@ -30,9 +30,9 @@ grep -E "^\[|max err|FAIL" $B/Testing/Temporary/LastTest.log 2>/dev/null >"$L/bw
 grep -E "FAIL" "$L/bwd_errors.log" | head -20 | sed 's/^/   /'
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_bwd bwd_seqlens_1_17_1000 \
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_bwd bwd_small \
       >"$L/sanitizer_$tool.log" 2>&1
-    echo "== compute-sanitizer $tool bwd_seqlens_1_17_1000: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_$tool.log" | tail -1)"
+    echo "== compute-sanitizer $tool bwd_small: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_$tool.log" | tail -1)"
   done
 fi
 if [ "${BWD_BENCH:-1}" = 1 ]; then

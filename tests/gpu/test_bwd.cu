@@ -561,6 +561,24 @@ TEST(bwd_seqused_k) {
     run_case("packed seqused_k causal", c);
 }
 
+// Small shapes of every path, for compute-sanitizer (tools/gpu_bwd.sh):
+// ragged blocks, packed sequences with shifted tiles, seqused_k's NaN rows,
+// deterministic turns, GQA.
+TEST(bwd_small) {
+    REQUIRE_CUDA_BWD();
+    bwd_case c = bcase(BF16, 1, 70, 150, 4, 2, 64);
+    c.causal = 1;
+    c.deterministic = 1;
+    run_case("small causal deterministic GQA", c);
+    const int lq[3] = {20, 70, 5}, lk[3] = {140, 30, 9};
+    c = varlen_case(BF16, 3, 2, 2, 128, lq, lk);
+    c.seqused = 1;
+    c.used[0] = 100;
+    c.used[1] = 30;
+    c.used[2] = 4;
+    run_case("small packed seqused_k", c);
+}
+
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
 TEST(bwd_not_supported_is_reported) {
     REQUIRE_SM90();
