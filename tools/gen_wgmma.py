@@ -7,10 +7,32 @@ its own asm string; writing them by hand invites typos. Run:
 """
 NS = (64, 80, 96, 112, 128, 176, 192, 256)
 NS_MN = (64,)   # wgmma_ss_mn: the backward's dQ = dS·K (bwd_consumer.cuh), 64 columns per warpgroup
+NS_E4M3 = (128, 256)   # the fp8 forward (fwd_fp8_sm90.cuh): S with 128 keys, O with hdim 128 / 256
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 
 def operands(n):
     return ", ".join(f"%{i}" for i in range(n // 2))
+
+def body_e4m3(n, form):
+    """m64nNk32 e4m3 x e4m3 -> f32: both operands K-major, no transpose arguments (8-bit types)."""
+    regs = n // 2
+    acc = "{" + operands(n) + "}"
+    if form == "ss":
+        a, b, pred = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
+        ins = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
+    else:
+        a = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        b, pred = f"%{regs + 4}", f"%{regs + 5}"
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)'
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return (
+        f'    asm volatile(\n'
+        f'        "{{\\n .reg .pred p;\\n setp.ne.b32 p, {pred}, 0;\\n"\n'
+        f'        " wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "\n'
+        f'        "{acc}, {a}, {b}, p, 1, 1;\\n}}\\n"\n'
+        f'        : {outs}\n'
+        f'        : {ins}\n'
+        f'        : "memory");\n')
 
 def body(n, ptx_type, form):
     regs = n // 2
@@ -45,13 +67,16 @@ print("//   wgmma_ss<N, T>: D (+)= A·B, A and B from smem, both K-major (S = Q�
 print("//   wgmma_rs<N, T>: D (+)= A·B, A from registers, B MN-major in smem (O += P·V).")
 print("//   wgmma_rsk<N, T>: D (+)= A·B, A from registers, B K-major in smem (S = Q·K^T, Q in registers).")
 print("//   wgmma_ss_mn<N, T>: D (+)= A·B, A and B from smem, both MN-major (the backward's dQ = dS·K).")
+print("//   wgmma_ss_e4m3<N>, wgmma_rs_e4m3<N>: m64nNk32 with e4m3 A and B (both K-major; A from smem or registers).")
 print("// accumulate = 0 overwrites D (first k-step). T: 0 = bf16, 1 = fp16.")
 print("#pragma once")
 print('#include "ptx.cuh"\n')
 print("template <int N, int T> __device__ __forceinline__ void wgmma_ss(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
 print("template <int N, int T> __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);")
 print("template <int N, int T> __device__ __forceinline__ void wgmma_rsk(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);")
-print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_mn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);\n")
+print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_mn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
+print("template <int N> __device__ __forceinline__ void wgmma_ss_e4m3(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
+print("template <int N> __device__ __forceinline__ void wgmma_rs_e4m3(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);\n")
 for t_index, (name, ptx_type) in enumerate(TYPES):
     for n in NS:
         print(f"template <> __device__ __forceinline__ void wgmma_ss<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
@@ -63,3 +88,8 @@ for t_index, (name, ptx_type) in enumerate(TYPES):
     for n in NS_MN:
         print(f"template <> __device__ __forceinline__ void wgmma_ss_mn<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
         print(body(n, ptx_type, "ss_mn") + "}\n")
+for n in NS_E4M3:
+    print(f"template <> __device__ __forceinline__ void wgmma_ss_e4m3<{n}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
+    print(body_e4m3(n, "ss") + "}\n")
+    print(f"template <> __device__ __forceinline__ void wgmma_rs_e4m3<{n}>(float *d, const uint32_t *a, uint64_t desc_b, int accumulate) {{")
+    print(body_e4m3(n, "rs") + "}\n")

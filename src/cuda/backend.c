@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "fp8_host.h"
 #include "fwd_combine.h"
 #include "fwd_params.h"
 #include "fwd_plan.h"
@@ -210,8 +211,9 @@ static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int o
 
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &p->problem;
+    if (pr->dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8_supported(p);   /* fp8_host.c */
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16)",
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16, e4m3)",
                           dtype_name(pr->dtype));
     if ((pr->cu_seqlens_q && (int64_t)pr->batch * pr->seqlen_q > INT32_MAX) ||
         (pr->cu_seqlens_k && (int64_t)pr->batch * pr->seqlen_k > INT32_MAX))
@@ -281,6 +283,7 @@ static void *tail_scratch(fa3c_fwd_kernel_params *k, int headdim, cudaStream_t s
 }
 
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
+    if (p->problem.dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8(p, stream);
     fa3c_status s = fa3c_cuda_fwd_supported(p);
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;

@@ -1,0 +1,69 @@
+/* The fp8 (e4m3) forward's parameters and shared definitions
+ * (fwd_fp8_sm90.cuh, fp8_prep.cu, fp8_host.c). */
+#ifndef FA3C_FP8_PARAMS_H
+#define FA3C_FP8_PARAMS_H
+
+#include <cuda.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tiles: 128 query rows per CTA (two consumer warpgroups of 64), key blocks
+ * of 128, a 2-slot ring of K and Vᵀ tiles; head dims 128 and 256 (rows of
+ * 128 or 256 bytes: whole 128-byte swizzle chunks). */
+#define FA3C_FP8_BLOCK_M 128
+#define FA3C_FP8_BLOCK_N 128
+#define FA3C_FP8_STAGES 2
+#define FA3C_FP8_THREADS 384
+#define FA3C_FP8_PRODUCER_REGS 24
+#define FA3C_FP8_CONSUMER_REGS 240
+#define FA3C_FP8_HEADDIM_OK(d) ((d) == 128 || (d) == 256)
+
+typedef struct fa3c_fp8_kernel_params {
+    /* e4m3 boxes of 128 bytes (columns) with the 128-byte swizzle: Q of 128
+     * rows, K of 128 keys, Vᵀ (the transposed copy fp8_prep.cu writes) of
+     * headdim rows x 128 keys. Rows past the end read as zeros. */
+    CUtensorMap q_map, k_map, vt_map;
+    void *out;                       /* bf16, element strides (batch, seqlen, heads), even */
+    int64_t out_stride[3];
+    float *lse;                      /* NULL = not written; (batch, heads_q, seqlen_q), natural log */
+    const float *q_descale, *k_descale, *v_descale;   /* (batch, heads_kv); NULL = 1 */
+    int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
+    float softmax_scale;
+    float softcap;                   /* 0 = off */
+    int window_left, window_right;   /* -1 = unbounded; causal is right = 0 (bottom-right aligned) */
+} fa3c_fp8_kernel_params;
+
+/* fp8_prep.cu: V (batch, seqlen_k, heads_kv, headdim), element strides, to
+ * Vᵀ (batch, heads_kv, headdim, keys_pad) contiguous, zero past seqlen_k. */
+typedef struct fa3c_fp8_vt_params {
+    const uint8_t *v;
+    int64_t v_stride[3];
+    uint8_t *vt;
+    int batch, seqlen_k, heads_kv, headdim, keys_pad;
+} fa3c_fp8_vt_params;
+
+#ifdef __CUDACC__
+#define FA3C_FP8_HD __host__ __device__
+#else
+#define FA3C_FP8_HD
+#endif
+
+/* The key that column `slot` of a 32-key group of Vᵀ holds (its offset in
+ * the group). e4m3's register-A fragment of a k-step (32 keys) gives thread
+ * t of a quad keys 4t..4t+3 and 16+4t..16+4t+3 of a row, while the f32
+ * accumulator of S gives it keys 2t, 2t+1, 8+2t, 9+2t (and 16 more): so
+ * P's fragment is packed from the accumulator as it stands, with A's slot
+ * 4t+i holding key 2t + (i & 1) + 8 (i >> 1), and Vᵀ's keys are stored in
+ * that order, so that P·V pairs each probability with its key's row. */
+static inline FA3C_FP8_HD int fa3c_fp8_key_of_slot(int slot) {
+    const int x = slot & 15, t = x >> 2, i = x & 3;
+    return (slot & 16) + 2 * t + (i & 1) + 8 * (i >> 1);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

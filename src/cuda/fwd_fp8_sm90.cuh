@@ -1,0 +1,299 @@
+// The fp8 (e4m3) forward kernel for sm_90a, head dims 128 and 256: q, k, v
+// in e4m3 with per-(batch, K/V head) descales, O in bf16, LSE in float32.
+//
+// One CTA computes 128 query rows of one (batch, head) against every key
+// block its mask lets through:
+//   warpgroup 0  producer: one thread loads Q once, then K and Vᵀ tiles
+//                through a 2-slot ring (TMA, mbarriers). Vᵀ is the copy of
+//                V that fp8_prep.cu writes before the launch: e4m3 wgmma
+//                takes both operands K-major, and for O += P·V that means
+//                V with the keys contiguous;
+//   warpgroups 1, 2  consumers, 64 rows each. Per key block: S = Q·Kᵀ
+//                (wgmma e4m3, f32 accumulators), mask, online softmax,
+//                P to e4m3 in registers, O += P·Vᵀ (wgmma, A from registers).
+// P is kept in [0, 256] (exp2 against the row max less 8, as FA3 does) so
+// that e4m3's precision is spent on the largest probabilities; the row
+// sums stay f32. This first form waits for each GEMM in turn: the bf16
+// kernel's pingpong and intra-warpgroup overlap are its next steps
+// (docs/FP8.md).
+#pragma once
+#include <limits.h>
+#include "ptx.cuh"
+#include "wgmma.cuh"
+#include "fp8_params.h"
+
+enum { FP8_M = FA3C_FP8_BLOCK_M, FP8_N = FA3C_FP8_BLOCK_N, FP8_STAGES = FA3C_FP8_STAGES, FP8_ATOM = 1024 };
+
+// Q and K as D / 128 column chunks of rows x 128 B; Vᵀ as D rows x 128 B.
+template <int D>
+struct Fp8Smem {
+    alignas(1024) uint8_t q[FP8_M * D];
+    alignas(1024) uint8_t k[FP8_STAGES][FP8_N * D];
+    alignas(1024) uint8_t vt[FP8_STAGES][D * FP8_N];
+    uint64_t q_full;
+    uint64_t kv_full[FP8_STAGES], kv_empty[FP8_STAGES];
+};
+
+// Key blocks [n_begin, n_end) that rows [m0, m0 + 128) see at all.
+FA3C_HOST_DEVICE void fp8_key_blocks(const fa3c_fp8_kernel_params &p, int m0, int &n_begin, int &n_end) {
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
+    const long long first = min((long long)m0, (long long)p.seqlen_q - 1), last = min((long long)m0 + FP8_M - 1, (long long)p.seqlen_q - 1);
+    long long lo = p.window_left >= 0 ? first + diag - p.window_left : 0;
+    long long hi = p.window_right >= 0 ? last + diag + p.window_right : (long long)p.seqlen_k - 1;
+    lo = max(lo, 0ll);
+    hi = min(hi, (long long)p.seqlen_k - 1);
+    if (hi < lo) {
+        n_begin = n_end = 0;
+        return;
+    }
+    n_begin = (int)(lo / FP8_N);
+    n_end = (int)(hi / FP8_N) + 1;
+}
+
+// ---- producer ----------------------------------------------------------------------
+
+template <int D>
+FA3C_DEVICE void fp8_producer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, int m0, int head, int batch) {
+    const int head_kv = head / p.group;
+    int n_begin, n_end;
+    fp8_key_blocks(p, m0, n_begin, n_end);
+    mbar_arrive_expect_tx(&sm.q_full, FP8_M * D);
+#pragma unroll
+    for (int c = 0; c < D / 128; c++) tma_load_4d(sm.q + c * FP8_M * 128, &p.q_map, &sm.q_full, c * 128, m0, head, batch);
+    for (int n = n_begin, it = 0; n < n_end; n++, it++) {
+        const int s = it % FP8_STAGES;
+        if (it >= FP8_STAGES) mbar_wait_parity(&sm.kv_empty[s], (it / FP8_STAGES - 1) & 1);
+        mbar_arrive_expect_tx(&sm.kv_full[s], 2 * FP8_N * D);
+#pragma unroll
+        for (int c = 0; c < D / 128; c++)
+            tma_load_4d(sm.k[s] + c * FP8_N * 128, &p.k_map, &sm.kv_full[s], c * 128, n * FP8_N, head_kv, batch);
+        tma_load_4d(sm.vt[s], &p.vt_map, &sm.kv_full[s], n * FP8_N, 0, head_kv, batch);
+    }
+}
+
+// ---- consumer GEMMs ----------------------------------------------------------------
+
+// S(64 x 128) = Q(this warpgroup's rows) · K(slot)ᵀ, both K-major: a k-step
+// is 32 bytes inside a 128-byte chunk row, chunks are rows x 128 B apart.
+template <int D>
+FA3C_DEVICE void fp8_gemm_qk(float *s, const uint8_t *q, const uint8_t *k, int wg) {
+    const uint64_t q_desc = smem_desc_swizzled(smem_addr(q) + wg * 64 * 128, 16, FP8_ATOM, 128);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k), 16, FP8_ATOM, 128);
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++) {
+        const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
+        wgmma_ss_e4m3<FP8_N>(s, smem_desc_advance(q_desc, chunk * FP8_M * 128 + in_row),
+                             smem_desc_advance(k_desc, chunk * FP8_N * 128 + in_row), kk > 0);
+    }
+}
+
+// O(64 x D) += P(64 x 128 keys, e4m3 fragments) · V: B is Vᵀ (D rows of the
+// 128 keys, K-major), a k-step is 32 keys = 32 bytes of each row.
+template <int D>
+FA3C_DEVICE void fp8_gemm_pv(float *o, uint32_t (*p_frag)[4], const uint8_t *vt) {
+    const uint64_t vt_desc = smem_desc_swizzled(smem_addr(vt), 16, FP8_ATOM, 128);
+#pragma unroll
+    for (int kk = 0; kk < FP8_N / 32; kk++) wgmma_rs_e4m3<D>(o, p_frag[kk], smem_desc_advance(vt_desc, kk * 32), 1);
+}
+
+template <int N>
+FA3C_DEVICE void fp8_fence_regs(float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) reg_fence(x[i]);
+}
+
+// Four floats -> one register of four e4m3 bytes, a in the lowest
+// (cvt.rn.satfinite.e4m3x2.f32 puts its first operand in the high byte).
+FA3C_DEVICE uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+    uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
+// P (f32 accumulator layout of S, 64 x 128) -> e4m3 A fragments, one per
+// 32-key k-step: register j of k-step kk holds row g (j even) or g + 8
+// (j odd), A slots 4t..4t+3 (j < 2) or 16+4t.. (j >= 2), i.e. keys
+// 2t, 2t+1, 8+2t, 9+2t (+16) of the step: fa3c_fp8_key_of_slot, which
+// Vᵀ's key order matches (fp8_prep.cu). No shuffles.
+FA3C_DEVICE void fp8_probs_to_fragments(const float *s, uint32_t (*frag)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < FP8_N / 32; kk++) {
+        const float *x = s + 16 * kk;   // n8 slices 4 kk .. 4 kk + 3: registers 4 slice + 2 row + e
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = j % 2, half = j / 2;   // half: slices 4kk + 2 half, + 1
+            const float *a = x + 8 * half + 2 * row, *b = x + 8 * half + 4 + 2 * row;
+            frag[kk][j] = pack_e4m3x4(a[0], a[1], b[0], b[1]);
+        }
+    }
+}
+
+// ---- consumer softmax --------------------------------------------------------------
+
+struct Fp8RowState {
+    float max[2];   // running max of the scores in log2 units (-inf: none seen)
+    float sum[2];   // this thread's partial sum of P (P in [0, 256])
+};
+
+// Scores to log2 units with the mask: thread rows row0, row0 + 8 (queries),
+// columns key0 + 8 c + 2 t (+1). Masked and past-the-end keys get -inf.
+FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float score_log2, float softcap_pre, int row0,
+                            int key0) {
+    const int t = threadIdx.x % 4;
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        // Key offsets (from key0 + 2 t) this row sees, clamped to [-1, 128].
+        const long long q = row0 + 8 * r, base = (long long)key0 + 2 * t;
+        long long lo = p.window_left >= 0 ? q + diag - p.window_left : LLONG_MIN / 4;
+        long long hi = p.window_right >= 0 ? q + diag + p.window_right : LLONG_MAX / 4;
+        hi = min(hi, (long long)p.seqlen_k - 1);
+        const int lo_c = (int)max(min(lo - base, 128ll), -1ll), hi_c = (int)max(min(hi - base, 128ll), -1ll);
+#pragma unroll
+        for (int c = 0; c < FP8_N / 8; c++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * c + 2 * r + e, off = 8 * c + e;
+                float x = s[i];
+                if (p.softcap != 0.f) x = p.softcap * tanh_approx(x * softcap_pre);
+                s[i] = off >= lo_c && off <= hi_c ? x * score_log2 : -INFINITY;
+            }
+    }
+}
+
+// Online softmax step: new row maxima, O and the sums rescaled, P in place.
+template <int D>
+FA3C_DEVICE void fp8_softmax(float *s, float *o, Fp8RowState &st) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = st.max[r];
+#pragma unroll
+        for (int c = 0; c < FP8_N / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
+        // A row that has seen no key yet keeps offset 0: exp2(-inf - 0) = 0, never NaN.
+        const float off = mx == -INFINITY ? 0.f : mx - 8.f;
+        const float rescale = mx == -INFINITY ? 1.f : ex2f(st.max[r] - mx);
+        st.max[r] = mx;
+        float sum = st.sum[r] * rescale;
+#pragma unroll
+        for (int c = 0; c < FP8_N / 8; c++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float prob = ex2f(s[4 * c + 2 * r + e] - off);
+                s[4 * c + 2 * r + e] = prob;
+                sum += prob;
+            }
+        st.sum[r] = sum;
+#pragma unroll
+        for (int c = 0; c < D / 8; c++) {
+            o[4 * c + 2 * r] *= rescale;
+            o[4 * c + 2 * r + 1] *= rescale;
+        }
+    }
+}
+
+// ---- consumer ----------------------------------------------------------------------
+
+template <int D>
+FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, int m0, int head, int batch, int wg) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
+    const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;   // this thread's query rows: row0, row0 + 8
+    const int head_kv = head / p.group, dq = batch * p.heads_kv + head_kv;
+    const float q_descale = p.q_descale ? p.q_descale[dq] : 1.f, k_descale = p.k_descale ? p.k_descale[dq] : 1.f;
+    const float v_descale = p.v_descale ? p.v_descale[dq] : 1.f;
+    // s = q·k · descales · scale (with softcap: softcap · tanh(that / softcap), then natural units).
+    const float qk_scale = q_descale * k_descale * p.softmax_scale;
+    const float score_log2 = (p.softcap != 0.f ? 1.f : qk_scale) * 1.4426950408889634f;
+    const float softcap_pre = p.softcap != 0.f ? qk_scale / p.softcap : 0.f;
+    int n_begin, n_end;
+    fp8_key_blocks(p, m0, n_begin, n_end);
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    Fp8RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
+    if (n_begin < n_end) mbar_wait_parity(&sm.q_full, 0);
+    for (int n = n_begin, it = 0; n < n_end; n++, it++) {
+        const int s = it % FP8_STAGES;
+        mbar_wait_parity(&sm.kv_full[s], (it / FP8_STAGES) & 1);
+        float sc[FP8_N / 2];
+        wgmma_fence();
+        fp8_gemm_qk<D>(sc, sm.q, sm.k[s], wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fp8_fence_regs<FP8_N / 2>(sc);
+        fp8_scores(sc, p, score_log2, softcap_pre, row0, n * FP8_N);
+        fp8_softmax<D>(sc, o, st);
+        uint32_t p_frag[FP8_N / 32][4];
+        fp8_probs_to_fragments(sc, p_frag);
+        wgmma_fence();
+        fp8_gemm_pv<D>(o, p_frag, sm.vt[s]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fp8_fence_regs<D / 2>(o);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.kv_empty[s]);
+    }
+
+    // O / sum · v_descale in bf16, and the LSE; rows past the end are not written.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = st.sum[r];
+        sum += __shfl_xor_sync(~0u, sum, 1);
+        sum += __shfl_xor_sync(~0u, sum, 2);
+        const int row = row0 + 8 * r;
+        const float scale = sum > 0.f ? v_descale / sum : 0.f;
+        if (row < p.seqlen_q) {
+            uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + (int64_t)row * p.out_stride[1] +
+                            head * p.out_stride[2] + 2 * t;
+#pragma unroll
+            for (int c = 0; c < D / 8; c++)
+                *(uint32_t *)(out + 8 * c) = pack_bf16x2(o[4 * c + 2 * r] * scale, o[4 * c + 2 * r + 1] * scale);
+            if (p.lse && t == 0) {
+                // log2 of the row's sum of exp2(score) = max - 8 + log2(sum), in natural units.
+                const float lse = sum > 0.f ? (st.max[r] - 8.f + lg2_approx(sum)) * 0.6931471805599453f : -INFINITY;
+                p.lse[((int64_t)batch * p.heads_q + head) * p.seqlen_q + row] = lse;
+            }
+        }
+    }
+}
+
+// ---- the kernel --------------------------------------------------------------------
+
+// Grid: (query blocks of 128, heads_q, batch).
+template <int D>
+__global__ void __launch_bounds__(FA3C_FP8_THREADS, 1) fwd_fp8_kernel(const __grid_constant__ fa3c_fp8_kernel_params p) {
+    static_assert(FA3C_FP8_HEADDIM_OK(D), "fp8 head dims: 128 and 256");
+    static_assert(128 * FA3C_FP8_PRODUCER_REGS + 256 * FA3C_FP8_CONSUMER_REGS <= 65536, "setmaxnreg budgets");
+    extern __shared__ uint8_t smem_raw[];
+    Fp8Smem<D> &sm = *(Fp8Smem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int m0 = blockIdx.x * FP8_M, head = blockIdx.y, batch = blockIdx.z;
+    if (threadIdx.x == 0) {
+        tma_prefetch_map(&p.q_map);
+        tma_prefetch_map(&p.k_map);
+        tma_prefetch_map(&p.vt_map);
+        mbar_init(&sm.q_full, 1);
+        for (int s = 0; s < FP8_STAGES; s++) {
+            mbar_init(&sm.kv_full[s], 1);
+            mbar_init(&sm.kv_empty[s], 8);   // one per consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    const int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);
+    if (warpgroup == 0) {
+        reg_dealloc<FA3C_FP8_PRODUCER_REGS>();
+        if (threadIdx.x == 0) fp8_producer<D>(p, sm, m0, head, batch);
+    } else {
+        reg_alloc<FA3C_FP8_CONSUMER_REGS>();
+        fp8_consumer<D>(p, sm, m0, head, batch, warpgroup - 1);
+    }
+}
+
+template <int D>
+static size_t fwd_fp8_smem_bytes(void) {
+    static_assert(sizeof(Fp8Smem<D>) + 1024 <= 227 * 1024, "the fp8 kernel's smem exceeds what a block may use");
+    return sizeof(Fp8Smem<D>) + 1024;
+}
