@@ -3,8 +3,10 @@
 // model in gpu_util.cuh), so this checks the descriptors and the fragment
 // layouts independently of TMA.
 #include "gpu_util.cuh"
+#include "fa3c.h"   // fa3c_float_to_e4m3, fa3c_e4m3_to_float
 #include "../../src/cuda/wgmma.cuh"
 #include "../../src/cuda/bwd_sm90.cuh"   // store_ds, gemm_dq: the backward's dQ = dS·K
+#include "../../src/cuda/fwd_fp8_sm90.cuh"   // the fp8 forward's GEMMs and P fragments
 
 extern __shared__ __align__(1024) uint8_t smem_raw[];
 
@@ -307,6 +309,109 @@ TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
     CHECK(maxerr < 1e-3, "hdim 128 split: max error %g", maxerr);
     CHECK(maxerr64 < 1e-3, "hdim 64 split: max error %g", maxerr64);
     cudaFree(dds); cudaFree(dk); cudaFree(dout); cudaFree(dout64);
+}
+
+// Byte offset of (row, col) in an 8-bit tile of rows x 128 bytes with the
+// 128-byte swizzle (16-byte unit u of row r at u ^ (r % 8)).
+static __host__ __device__ inline size_t sw128_offset_u8(int row, int col) {
+    return (size_t)row * 128 + (size_t)((((col / 16) ^ (row & 7))) * 16) + col % 16;
+}
+
+// The fp8 forward's two GEMMs with its own helpers (fwd_fp8_sm90.cuh), one
+// warpgroup: S(64 x 128) = Q(rows 0..63 of a 128-row tile) · Kᵀ, both e4m3
+// K-major; then O(64 x 128) = e4m3(P) · V with P (given as floats, 64 x 128)
+// packed from the accumulator layout by fp8_probs_to_fragments and V staged
+// as the transposed, key-permuted tile fp8_prep.cu writes.
+__global__ void wgmma_fp8_kernel(const uint8_t *q, const uint8_t *k, const float *p, const uint8_t *v, float *s_out,
+                                 float *o_out) {
+    uint8_t *sq = smem_base(), *sk = sq + 128 * 128, *svt = sk + 128 * 128;
+    for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
+        int r = i / 128, c = i % 128;
+        sq[sw128_offset_u8(r, c)] = q[i];
+        sk[sw128_offset_u8(r, c)] = k[i];
+        // Vᵀ row d, slot c: V[key][d] with key = the slot's key in its 32-key group.
+        int key = c / 32 * 32 + fa3c_fp8_key_of_slot(c % 32);
+        svt[sw128_offset_u8(r, c)] = v[key * 128 + r];
+    }
+    fence_proxy_async_smem();
+    __syncthreads();
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
+    float sc[64];
+    wgmma_fence();
+    fp8_gemm_qk<128>(sc, sq, sk, 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < 64; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * qd + (i % 2);
+        s_out[row * 128 + col] = sc[i];
+        sc[i] = p[row * 128 + col];   // P in the accumulator layout
+    }
+    uint32_t frag[4][4];
+    fp8_probs_to_fragments(sc, frag);
+    float o[64];
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    wgmma_fence();
+    fp8_gemm_pv<128>(o, frag, svt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < 64; i++) {
+        int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * qd + (i % 2);
+        o_out[row * 128 + col] = o[i];
+    }
+}
+
+TEST(wgmma_e4m3_fp8_forward_gemms) {
+    REQUIRE_SM90();
+    gpu_rng_seed(808);
+    static uint8_t hq[128 * 128], hk[128 * 128], hv[128 * 128];
+    static float hp[64 * 128], s_out[64 * 128], o_out[64 * 128];
+    for (int i = 0; i < 128 * 128; i++) {
+        hq[i] = fa3c_float_to_e4m3(gpu_randn());
+        hk[i] = fa3c_float_to_e4m3(gpu_randn());
+        hv[i] = fa3c_float_to_e4m3(gpu_randn());
+    }
+    for (int i = 0; i < 64 * 128; i++) hp[i] = 256.f * (float)fabs(gpu_randn()) / 4.f;   // P in [0, ~256]
+    uint8_t *dq, *dk, *dv;
+    float *dp, *ds, *dout;
+    CUDA_OK(cudaMalloc(&dq, sizeof hq));
+    CUDA_OK(cudaMalloc(&dk, sizeof hk));
+    CUDA_OK(cudaMalloc(&dv, sizeof hv));
+    CUDA_OK(cudaMalloc(&dp, sizeof hp));
+    CUDA_OK(cudaMalloc(&ds, sizeof s_out));
+    CUDA_OK(cudaMalloc(&dout, sizeof o_out));
+    CUDA_OK(cudaMemcpy(dq, hq, sizeof hq, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dk, hk, sizeof hk, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dp, hp, sizeof hp, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(ds, 0xFF, sizeof s_out));
+    CUDA_OK(cudaMemset(dout, 0xFF, sizeof o_out));
+    int smem = 3 * 128 * 128 + 1024;
+    CUDA_OK(cudaFuncSetAttribute(wgmma_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    wgmma_fp8_kernel<<<1, 128, smem>>>(dq, dk, dp, dv, ds, dout);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(s_out, ds, sizeof s_out, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(o_out, dout, sizeof o_out, cudaMemcpyDeviceToHost));
+    double s_err = 0, o_err = 0, s_max = 0, o_max = 0;
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 128; j++) {
+            double s = 0, o = 0;
+            for (int e = 0; e < 128; e++) s += (double)fa3c_e4m3_to_float(hq[i * 128 + e]) * fa3c_e4m3_to_float(hk[j * 128 + e]);
+            for (int key = 0; key < 128; key++)   // P rounded to e4m3, as the fragments carry it
+                o += (double)fa3c_e4m3_to_float(fa3c_float_to_e4m3(hp[i * 128 + key])) * fa3c_e4m3_to_float(hv[key * 128 + j]);
+            double es = fabs(s - s_out[i * 128 + j]), eo = fabs(o - o_out[i * 128 + j]);
+            if (!(es <= s_err)) s_err = isnan(es) ? INFINITY : es;
+            if (!(eo <= o_err)) o_err = isnan(eo) ? INFINITY : eo;
+            if (fabs(o) > o_max) o_max = fabs(o);
+            if (fabs(s) > s_max) s_max = fabs(s);
+        }
+    // fp8 wgmma accumulates with less than f32's precision (DeepGEMM's notes), so the bounds are
+    // relative, and loose: a wrong layout or key order gives errors the size of the values.
+    printf("wgmma e4m3: S = Q K^T max abs error %.3g (max |S| %.3g); O = P V max abs error %.3g (max |O| %.3g)\n",
+           s_err, s_max, o_err, o_max);
+    CHECK(s_err < 5e-3 * s_max, "S: max error %g", s_err);
+    CHECK(o_err < 5e-3 * o_max, "O: max error %g", o_err);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dp); cudaFree(ds); cudaFree(dout);
 }
 
 TEST_MAIN()
