@@ -10,8 +10,9 @@
 # Environment: EXTRA_FLAGS (knobs for the tested build), SKIP_PY, DECODE=0,
 # CHECK=0 (skip gpu_check.sh: for a second call that only tunes or runs the
 # cluster tests; one call may last 600 s at most),
-# GRID=1, CLUSTER=1 (tools/gpu_cluster.sh: the cluster build's tests), BWD=1
-# (tools/gpu_bwd.sh: the backward's tests and benchmark), TUNE_ROUNDS,
+# GRID=1, CLUSTER=1 (tools/gpu_cluster.sh: the cluster build's tests), NEW=1
+# (tools/gpu_bwd_fp8.sh: the backward's and the fp8 forward's tests and
+# benchmark), TUNE_ROUNDS,
 # TUNE_TIMEOUT (seconds for the A/B part, default 300), and gpu_tune.sh's
 # TUNE_INSTANCES / TUNE_BENCH_ARGS.
 set -u
@@ -44,9 +45,9 @@ if [ "${CLUSTER:-0}" = 1 ]; then
   timeout 480 bash tools/gpu_cluster.sh >"$OUT/cluster_stdout.txt" 2>&1
   echo "== cluster tests rc=$?"
 fi
-if [ "${BWD:-0}" = 1 ]; then
-  timeout 560 bash tools/gpu_bwd.sh >"$OUT/bwd_stdout.txt" 2>&1
-  echo "== backward rc=$?"
+if [ "${NEW:-0}" = 1 ]; then
+  timeout 560 bash tools/gpu_bwd_fp8.sh >"$OUT/new_stdout.txt" 2>&1
+  echo "== backward and fp8 rc=$?"
 fi
 if [ $# -gt 0 ]; then
   TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout "${TUNE_TIMEOUT:-300}" bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
@@ -57,10 +58,10 @@ fi
 [ -f "$OUT/decode/results.md" ] && sed -n '/### Decode/,$p' "$OUT/decode/results.md" | head -14
 [ -f "$OUT/grid/results.md" ] && grep -E "geometric mean" "$OUT/grid/results.md"
 [ -f "$OUT/cluster_stdout.txt" ] && grep -E "^(==|   )" "$OUT/cluster_stdout.txt"
-[ -f "$OUT/bwd_stdout.txt" ] && cat "$OUT/bwd_stdout.txt"
+[ -f "$OUT/new_stdout.txt" ] && cat "$OUT/new_stdout.txt"
 [ -f "$OUT/tune_stdout.txt" ] && { grep -E "^variant" "$OUT/tune_stdout.txt"; [ -f "$OUT/tune_summary.txt" ] && cat "$OUT/tune_summary.txt" || tail -14 "$OUT/tune_stdout.txt"; }
 # At most 8 files come back from the machine: keep the ones read first, pack the rest.
-(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|cluster_stdout\.txt|bwd_stdout\.txt|decode|grid)$' &&
+(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|cluster_stdout\.txt|new_stdout\.txt|decode|grid)$' &&
   rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png grid/plot.png 2>/dev/null; true)" &&
   { [ -z "${rest// /}" ] || { tar czf session_logs.tar.gz $rest && rm -rf $rest; }; })
 exit 0

@@ -561,7 +561,7 @@ TEST(bwd_seqused_k) {
     run_case("packed seqused_k causal", c);
 }
 
-// Small shapes of every path, for compute-sanitizer (tools/gpu_bwd.sh):
+// Small shapes of every path, for compute-sanitizer (tools/gpu_bwd_fp8.sh):
 // ragged blocks, packed sequences with shifted tiles, seqused_k's NaN rows,
 // deterministic turns, GQA.
 TEST(bwd_small) {

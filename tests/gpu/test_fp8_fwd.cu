@@ -277,4 +277,14 @@ TEST(fp8_fwd_gqa_softcap_logits) {
     run_case("no descales", c);
 }
 
+// Small shapes for compute-sanitizer (tools/gpu_bwd_fp8.sh): ragged blocks,
+// causal GQA, both head dims.
+TEST(fp8_fwd_small) {
+    REQUIRE_CUDA_FP8();
+    fp8_case c = fcase(1, 70, 150, 4, 2, 128);
+    c.causal = 1;
+    run_case("small causal GQA", c);
+    run_case("small hdim 256", fcase(1, 40, 33, 2, 2, 256));
+}
+
 TEST_MAIN()

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The kernels written while no GPU was lent, off by default until this
+# passes: the backward (FA3C_CUDA_BWD, docs/BACKWARD.md) and the fp8 forward
+# (FA3C_CUDA_FP8, docs/FP8.md). One call on the GPU machine:
+#   1. a hang-trap test build with both on (bf16/fp16 hdim 64 and 128, bf16
+#      hdim 256: the backward's and e4m3's instances come with them);
+#   2. the step tests (test_wgmma: the backward's dQ GEMM, the e4m3 GEMMs
+#      and P fragments), test_bwd and test_fp8_fwd;
+#   3. compute-sanitizer memcheck and racecheck on bwd_small and fp8_fwd_small;
+#   4. a release build: ptxas counts, the Python GPU tests that run torch
+#      autograd and fp8 through it, and bench.py's backward and fp8 rows
+#      against cuDNN and FA2 (BENCH=0: none).
+# Logs to $OUT/new; a short summary last. EXTRA_FLAGS: knobs for both builds.
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+L="$OUT/new"
+mkdir -p "$L"
+flags=${EXTRA_FLAGS:-}
+insts="bf16_hdim64;bf16_hdim128;bf16_hdim256;fp16_hdim64;fp16_hdim128"
+on="-DFA3C_CUDA_BWD=ON -DFA3C_CUDA_FP8=ON -DFA3C_CUDA_VARLEN=OFF"
+B=build-gpu-new
+t0=$(date +%s)
+timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON $on "-DFA3C_INSTANCES=$insts" \
+  "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build.log" 2>&1 &&
+  timeout 400 cmake --build $B -j"$(nproc)" --target test_wgmma test_bwd test_fp8_fwd >>"$L/build.log" 2>&1
+echo "== test build rc=$? in $(( $(date +%s) - t0 )) s"
+timeout 60 $B/tests/test_wgmma >"$L/test_wgmma.log" 2>&1
+echo "== test_wgmma: rc=$? $(grep -E '^(ok|FAIL)' "$L/test_wgmma.log" | tr '\n' ' ')"
+grep -E "ss_mn|e4m3" "$L/test_wgmma.log" | sed 's/^/   /'
+for t in test_bwd test_fp8_fwd; do
+  (cd $B && timeout 300 ctest -R "^$t\." --output-on-failure --timeout 150 -j1) >"$L/$t.log" 2>&1
+  echo "== $t: $(grep -E 'tests passed|tests failed' "$L/$t.log" | tail -1)"
+  grep -E "FAIL|Failed" "$L/$t.log" | head -10 | sed 's/^/   /'
+done
+grep -E "^\[|max err|FAIL" $B/Testing/Temporary/LastTest*.log 2>/dev/null >"$L/errors.log"
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    for c in "test_bwd bwd_small" "test_fp8_fwd fp8_fwd_small"; do
+      set -- $c
+      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/$1 $2 >"$L/sanitizer_${tool}_$2.log" 2>&1
+      echo "== compute-sanitizer $tool $2: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_${tool}_$2.log" | tail -1)"
+    done
+  done
+fi
+R=build-gpu-new-release
+timeout 300 cmake -S . -B $R -DFA3C_BUILD_TESTS=OFF $on "-DFA3C_INSTANCES=$insts" \
+  "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build_release.log" 2>&1 &&
+  timeout 300 cmake --build $R -j"$(nproc)" >>"$L/build_release.log" 2>&1
+echo "== release build rc=$?; ptxas: C75xx warnings $(grep -cE 'C7508|C7510|C7515|C7511|C7519' "$L/build_release.log"); bwd and e4m3 kernels: $(grep -A3 -E 'bwd_kernel|fwd_fp8_kernel' "$L/build_release.log" | grep -E 'spill|Used' | sort | uniq -c | tr '\n' ';')"
+# torch autograd through the backward, and the e4m3 forward (the Python GPU tests that take them).
+FA3C_LIBRARY=$PWD/$R/libfa3c.so timeout 200 bash tools/test_python.sh -q -k "gpu and (autograd or compile or varlen or fp8)" \
+  >"$L/python.log" 2>&1
+echo "== python GPU autograd / fp8 tests: rc=$? $(grep -E '(passed|failed)' "$L/python.log" | tail -1)"
+if [ "${BENCH:-1}" = 1 ]; then
+  FA3C_LIBRARY=$PWD/$R/libfa3c.so PYTHONPATH=$PWD/python timeout 240 python3 bench/bench.py --hdims 64,128 \
+    --seqlens 512,2048,8192 --no-gqa --no-decode --flex none --impls fa3c,cudnn,fa2 --budget 200 \
+    --out "$L/bench" >"$L/bench.log" 2>&1
+  echo "== bench rc=$?"
+  [ -f "$L/bench/results.md" ] && grep -iE "bwd|backward|fp8|^\| *(impl|shape)" "$L/bench/results.md" | head -30
+fi
+exit 0
