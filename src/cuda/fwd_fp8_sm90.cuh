@@ -57,6 +57,9 @@ FA3C_DEVICE void fp8_producer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     const int head_kv = head / p.group;
     int n_begin, n_end;
     fp8_key_blocks(p, m0, n_begin, n_end);
+    // Rows that see no key at all: the consumers write zeros and wait for
+    // nothing, so nothing is loaded (a copy in flight must not outlive the CTA).
+    if (n_begin >= n_end) return;
     mbar_arrive_expect_tx(&sm.q_full, FP8_M * D);
 #pragma unroll
     for (int c = 0; c < D / 128; c++) tma_load_4d(sm.q + c * FP8_M * 128, &p.q_map, &sm.q_full, c * 128, m0, head, batch);

@@ -318,7 +318,7 @@ static __host__ __device__ inline size_t sw128_offset_u8(int row, int col) {
 }
 
 // The fp8 forward's two GEMMs with its own helpers (fwd_fp8_sm90.cuh), one
-// warpgroup: S(64 x 128) = Q(rows 0..63 of a 128-row tile) · Kᵀ, both e4m3
+// warpgroup: S(128 x 128) = Q(a 128-row tile, as either consumer) · Kᵀ, both e4m3
 // K-major; then O(64 x 128) = e4m3(P) · V with P (given as floats, 64 x 128)
 // packed from the accumulator layout by fp8_probs_to_fragments and V staged
 // as the transposed, key-permuted tile fp8_prep.cu writes.
@@ -337,13 +337,18 @@ __global__ void wgmma_fp8_kernel(const uint8_t *q, const uint8_t *k, const float
     __syncthreads();
     int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
     float sc[64];
-    wgmma_fence();
-    fp8_gemm_qk<128>(sc, sq, sk, 0);
-    wgmma_commit();
-    wgmma_wait<0>();
+    for (int wg = 1; wg >= 0; wg--) {   // Q rows 64..127 (the second consumer's), then 0..63
+        wgmma_fence();
+        fp8_gemm_qk<128>(sc, sq, sk, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 64; i++) {
+            int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * qd + (i % 2);
+            s_out[(64 * wg + row) * 128 + col] = sc[i];
+        }
+    }
     for (int i = 0; i < 64; i++) {
         int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * qd + (i % 2);
-        s_out[row * 128 + col] = sc[i];
         sc[i] = p[row * 128 + col];   // P in the accumulator layout
     }
     uint32_t frag[4][4];
@@ -364,7 +369,7 @@ TEST(wgmma_e4m3_fp8_forward_gemms) {
     REQUIRE_SM90();
     gpu_rng_seed(808);
     static uint8_t hq[128 * 128], hk[128 * 128], hv[128 * 128];
-    static float hp[64 * 128], s_out[64 * 128], o_out[64 * 128];
+    static float hp[64 * 128], s_out[128 * 128], o_out[64 * 128];
     for (int i = 0; i < 128 * 128; i++) {
         hq[i] = fa3c_float_to_e4m3(gpu_randn());
         hk[i] = fa3c_float_to_e4m3(gpu_randn());
@@ -393,6 +398,14 @@ TEST(wgmma_e4m3_fp8_forward_gemms) {
     CUDA_OK(cudaMemcpy(s_out, ds, sizeof s_out, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(o_out, dout, sizeof o_out, cudaMemcpyDeviceToHost));
     double s_err = 0, o_err = 0, s_max = 0, o_max = 0;
+    for (int i = 64; i < 128; i++)   // the second consumer's S rows
+        for (int j = 0; j < 128; j++) {
+            double s = 0;
+            for (int e = 0; e < 128; e++) s += (double)fa3c_e4m3_to_float(hq[i * 128 + e]) * fa3c_e4m3_to_float(hk[j * 128 + e]);
+            double es = fabs(s - s_out[i * 128 + j]);
+            if (!(es <= s_err)) s_err = isnan(es) ? INFINITY : es;
+            if (fabs(s) > s_max) s_max = fabs(s);
+        }
     for (int i = 0; i < 64; i++)
         for (int j = 0; j < 128; j++) {
             double s = 0, o = 0;
