@@ -13,6 +13,7 @@
 #include "testutil.h"
 #include "backend.h"
 #include "problem.h"   // fa3c_key_range
+#include "cuda/fp8_prep.h"   // fa3c_fp8_transpose_v
 
 typedef struct {
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim;
@@ -234,6 +235,54 @@ static void run_case(const char *label, fp8_case c) {
         free(f[t]);
     }
     free(ref); free(ref_lse); free(naive); free(gout[0]); free(gout[1]); free(glse); free(gf); free(guards);
+}
+
+// The V transpose alone (fp8_prep.cu) against the host's: strided V
+// (packed as in a (b, s, 3, h, d) buffer), keys past seqlen_k zero, each
+// group of 32 keys in fa3c_fp8_key_of_slot's order.
+TEST(fp8_cuda_v_transpose) {
+    REQUIRE_SM90();
+    const int B = 2, SK = 200, HK = 3, D = 256, KP = 256;
+    const int64_t row = 3 * HK * D, n = (int64_t)B * SK * row;
+    uint8_t *hv = (uint8_t *)tu_alloc((size_t)n), *want = (uint8_t *)tu_alloc((size_t)B * HK * D * KP);
+    uint8_t *got = (uint8_t *)tu_alloc((size_t)B * HK * D * KP);
+    for (int64_t i = 0; i < n; i++) hv[i] = (uint8_t)tu_rand_int(0, 255);
+    fa3c_fp8_vt_params t;
+    memset(&t, 0, sizeof t);
+    t.v_stride[0] = SK * row;
+    t.v_stride[1] = row;
+    t.v_stride[2] = D;
+    t.batch = B;
+    t.seqlen_k = SK;
+    t.heads_kv = HK;
+    t.headdim = D;
+    t.keys_pad = KP;
+    const int64_t v_off = 2 * HK * D;   // the V third of each token row
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < HK; h++)
+            for (int d = 0; d < D; d++)
+                for (int slot = 0; slot < KP; slot++) {
+                    const int key = slot / 32 * 32 + fa3c_fp8_key_of_slot(slot % 32);
+                    want[(((int64_t)b * HK + h) * D + d) * KP + slot] =
+                        key < SK ? hv[v_off + b * t.v_stride[0] + key * t.v_stride[1] + h * t.v_stride[2] + d] : 0;
+                }
+    void *dv = to_device(hv, (size_t)n), *dvt = NULL;
+    CUDA_OK(cudaMalloc(&dvt, (size_t)B * HK * D * KP));
+    CUDA_OK(cudaMemset(dvt, 0xA5, (size_t)B * HK * D * KP));
+    t.v = (const uint8_t *)dv + v_off;
+    t.vt = (uint8_t *)dvt;
+    CHECK(fa3c_fp8_transpose_v(&t, NULL) == FA3C_STATUS_OK, "transpose: %s", fa3c_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got, dvt, (size_t)B * HK * D * KP, cudaMemcpyDeviceToHost));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < (int64_t)B * HK * D * KP; i++) wrong += got[i] != want[i];
+    printf("  V transpose: %lld of %lld bytes wrong\n", (long long)wrong, (long long)B * HK * D * KP);
+    CHECK(wrong == 0, "%lld bytes of the transposed V differ", (long long)wrong);
+    cudaFree(dv);
+    cudaFree(dvt);
+    free(hv);
+    free(want);
+    free(got);
 }
 
 TEST(fp8_fwd_hdim128) {
