@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "harness.h"
+#include "testutil.h"
 
 // Check a CUDA call; on failure record it and leave the test case.
 #define CUDA_OK(call)                                                                  \
@@ -67,4 +68,35 @@ static float gpu_randn(void) {
         u[i] = ((gpu_rng_state * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
     }
     return (float)(sqrt(-2.0 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]));
+}
+
+// Random N(0, 1) q, k, v in dt for the GPU suites, with data pointers and
+// strides set in q, k, v: three contiguous (b, s, h, d) tensors, or with
+// `packed` one (b, s, 3, h, d) buffer (needs hq == hkv and sq == sk) that
+// the three view with strides (packed QKV). The host buffers go to bufs
+// (bufs[1], bufs[2] NULL when packed): free them with free().
+static void random_qkv(fa3c_tensor *q, fa3c_tensor *k, fa3c_tensor *v, void *bufs[3], fa3c_dtype dt, int packed,
+                       int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d) {
+    const size_t es = tu_dtype_size(dt);
+    const int64_t nq = b * sq * hq * d, nk = b * sk * hk * d;
+    if (packed) {
+        bufs[0] = tu_alloc(3 * nq * es);
+        bufs[1] = bufs[2] = NULL;
+        tu_fill_normal(bufs[0], dt, 3 * nq, 1.f);
+        for (int i = 0; i < 3; i++) {
+            fa3c_tensor *t = i == 0 ? q : i == 1 ? k : v;
+            t->data = (char *)bufs[0] + i * hq * d * es;
+            t->stride[0] = sq * 3 * hq * d;
+            t->stride[1] = 3 * hq * d;
+            t->stride[2] = d;
+            t->stride[3] = 1;
+        }
+        return;
+    }
+    const int64_t n[3] = {nq, nk, nk};
+    for (int i = 0; i < 3; i++) bufs[i] = tu_alloc(n[i] * es);
+    for (int i = 0; i < 3; i++) tu_fill_normal(bufs[i], dt, n[i], 1.f);
+    *q = tu_tensor(bufs[0], b, sq, hq, d);
+    *k = tu_tensor(bufs[1], b, sk, hk, d);
+    *v = tu_tensor(bufs[2], b, sk, hk, d);
 }

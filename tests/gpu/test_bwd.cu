@@ -236,31 +236,9 @@ static void run_case(const char *label, bwd_case c) {
     if (c.seqused) p.problem.seqused_k = used;
 
     // Inputs in the dtype: q, k, v (separate or packed), dout.
-    void *hqkv = NULL, *hq, *hk, *hv;
-    if (c.packed_qkv) {
-        hqkv = tu_alloc(3 * nq * es);
-        tu_fill_normal(hqkv, c.dtype, 3 * nq, 1.f);
-        hq = hqkv;
-        hk = (char *)hqkv + HQ * D * es;
-        hv = (char *)hqkv + 2 * HQ * D * es;
-        for (int i = 0; i < 3; i++) {
-            fa3c_tensor *t = i == 0 ? &p.q : i == 1 ? &p.k : &p.v;
-            t->stride[0] = SQ * 3 * HQ * D;
-            t->stride[1] = 3 * HQ * D;
-            t->stride[2] = D;
-            t->stride[3] = 1;
-        }
-    } else {
-        hq = tu_alloc(nq * es);
-        hk = tu_alloc(nk * es);
-        hv = tu_alloc(nk * es);
-        tu_fill_normal(hq, c.dtype, nq, 1.f);
-        tu_fill_normal(hk, c.dtype, nk, 1.f);
-        tu_fill_normal(hv, c.dtype, nk, 1.f);
-        tu_strides_bshd(p.q.stride, BT, SQT, HQ, D);
-        tu_strides_bshd(p.k.stride, BT, SKT, HK, D);
-        tu_strides_bshd(p.v.stride, BT, SKT, HK, D);
-    }
+    void *bufs[3];
+    random_qkv(&p.q, &p.k, &p.v, bufs, c.dtype, c.packed_qkv, BT, SQT, SKT, HQ, HK, D);
+    void *hq = p.q.data, *hk = p.k.data, *hv = p.v.data, *hqkv = c.packed_qkv ? bufs[0] : NULL;
     if (c.outlier > 0) {   // contiguous tensors only (packed_qkv has no outliers)
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
             int64_t j = tu_rand_int(0, (int)(nq - 1));
@@ -281,9 +259,6 @@ static void run_case(const char *label, bwd_case c) {
     }
     void *hdout = tu_alloc(nq * es);
     tu_fill_normal(hdout, c.dtype, nq, 1.f);
-    p.q.data = hq;
-    p.k.data = hk;
-    p.v.data = hv;
     tu_strides_bshd(p.dout.stride, BT, SQT, HQ, D);
     p.dout.data = hdout;
 

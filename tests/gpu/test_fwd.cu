@@ -134,31 +134,9 @@ static void run_case(const char *label, fwd_case c) {
     p.num_splits = c.num_splits;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));   // explicit: the internal lowp reference needs it
 
-    void *hq, *hk, *hv, *hpacked = NULL;
-    if (c.packed_qkv) {
-        hpacked = tu_alloc(3 * nq * es);
-        tu_fill_normal(hpacked, c.dtype, 3 * nq, 1.f);
-        hq = hpacked;
-        hk = (char *)hpacked + HQ * D * es;
-        hv = (char *)hpacked + 2 * HQ * D * es;
-        for (int i = 0; i < 3; i++) {
-            fa3c_tensor *t = i == 0 ? &p.q : i == 1 ? &p.k : &p.v;
-            t->stride[0] = SQ * 3 * HQ * D;
-            t->stride[1] = 3 * HQ * D;
-            t->stride[2] = D;
-            t->stride[3] = 1;
-        }
-    } else {
-        hq = tu_alloc(nq * es);
-        hk = tu_alloc(nk * es);
-        hv = tu_alloc(nk * es);
-        tu_fill_normal(hq, c.dtype, nq, 1.f);
-        tu_fill_normal(hk, c.dtype, nk, 1.f);
-        tu_fill_normal(hv, c.dtype, nk, 1.f);
-        tu_strides_bshd(p.q.stride, B, SQ, HQ, D);
-        tu_strides_bshd(p.k.stride, B, SK, HK, D);
-        tu_strides_bshd(p.v.stride, B, SK, HK, D);
-    }
+    void *bufs[3];
+    random_qkv(&p.q, &p.k, &p.v, bufs, c.dtype, c.packed_qkv, B, SQ, SK, HQ, HK, D);
+    void *hq = p.q.data, *hk = p.k.data, *hv = p.v.data, *hpacked = c.packed_qkv ? bufs[0] : NULL;
     if (c.key_ramp > 0) {   // hk is (b, s, h, d): scale whole key rows
         for (int64_t i = 0; i < nk; i++) {
             int n = (int)((i / ((int64_t)HK * D)) % SK);
@@ -198,9 +176,6 @@ static void run_case(const char *label, fwd_case c) {
     p.out.stride[0] = SQ * out_row;
 
     // Reference in float64 on fp32 copies (exact), and the naive low-precision one.
-    p.q.data = hq;
-    p.k.data = hk;
-    p.v.data = hv;
     float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nk * 4);
     tu_gather(fq, &p.q, c.dtype, B, SQ, HQ, D);
     tu_gather(fk, &p.k, c.dtype, B, SK, HK, D);
