@@ -24,11 +24,12 @@
 // smem and TMA stores where the smem has room (store_tile_tma).
 //
 // Files: fwd_smem.cuh (the smem layout, ring and tile walk all roles
-// share), fwd_producer.cuh (warpgroup 0), fwd_consumer.cuh (the consumer
-// warpgroups) and fwd_epilogue.cuh (their O and LSE stores); this file has
+// share), fwd_producer.cuh (warpgroup 0), fwd_copier.cuh (its paged-KV
+// copier warps), fwd_consumer.cuh (the consumer warpgroups) and
+// fwd_epilogue.cuh (their O and LSE stores); this file has
 // the register budgets and the kernel that gives each warpgroup its role.
 #pragma once
-#include "fwd_producer.cuh"
+#include "fwd_copier.cuh"   // and fwd_producer.cuh
 #include "fwd_consumer.cuh"
 
 // The setmaxnreg budgets of an instance (fwd_tiles.h). The variable-length
