@@ -78,12 +78,14 @@ struct BwdSmem {
     BwdSeq seq;
 };
 
-FA3C_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
+FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
 
 // Query blocks [m_begin, m_end) with a row that sees one of this CTA's own
 // keys [n_block BWD_N, + BWD_N) (empty under a causal mask or window that
-// hides them from every query, or when they are past the keys used).
-FA3C_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, int &m_end) {
+// hides them from every query, or when they are past the keys used). This
+// and the other host-device index functions here are checked against brute
+// force on the CPU (tests/gpu/cpu_kernel_math.cu).
+FA3C_HOST_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, int &m_end) {
     const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)q.sk) - 1;
     const long long i_min = max(k_first - q.rel_hi, 0ll), i_max = min(k_last - q.rel_lo, (long long)q.sq - 1);
     if (k_first > k_last || i_min > i_max) {
@@ -94,7 +96,7 @@ FA3C_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, in
     m_end = (int)(i_max / BWD_M) + 1;
 }
 
-FA3C_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch) {
+FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch) {
     BwdSeq q;
     q.q_tok0 = q.k_tok0 = 0;
     q.sq = p.seqlen_q;
@@ -210,7 +212,7 @@ FA3C_DEVICE void bwd_fence_regs(float *x) {
 // unbounded window overflows), less 2 quad: the element loop then compares
 // its constant 8 j + e against them. An empty range for keys before
 // own_lo (a shifted tile's rows of the block before) and past those used.
-FA3C_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int quad, int &lo, int &hi) {
+FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int quad, int &lo, int &hi) {
     const bool row_ok = key >= own_lo && key < sk;
     const long long first = (long long)key - rel_hi - q0, last = (long long)key - rel_lo - q0;   // rel = key - q
     lo = row_ok ? (int)max(min(first, 64ll), -1ll) - 2 * quad : INT_MAX;
@@ -302,7 +304,7 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int
 // The first key block that sees query block m: the key blocks that do
 // form a contiguous range (bwd_query_blocks' bounds grow with the key
 // block), starting at the one holding the first row's first key.
-FA3C_DEVICE int first_key_block(int rel_lo, int m) {
+FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m) {
     const long long first_key = (long long)m * BWD_M + rel_lo;
     return first_key <= 0 ? 0 : (int)(first_key / BWD_N);
 }

@@ -114,22 +114,24 @@ FA3C_DEVICE uint32_t pack_e4m3x4(float a, float b, float c, float d) {
     return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
-// P (f32 accumulator layout of S, 64 x 128) -> e4m3 A fragments, one per
-// 32-key k-step: register j of k-step kk holds row g (j even) or g + 8
-// (j odd), A slots 4t..4t+3 (j < 2) or 16+4t.. (j >= 2), i.e. keys
-// 2t, 2t+1, 8+2t, 9+2t (+16) of the step: fa3c_fp8_key_of_slot, which
-// Vᵀ's key order matches (fp8_prep.cu). No shuffles.
+// The accumulator register of S (64 x 128, f32 layout: register i holds
+// row g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2) that byte `byte`
+// of e4m3 A-fragment register j of k-step kk takes: row g (j even) or g + 8
+// (j odd); A slot 16 (j / 2) + 4 t + byte of the step, i.e. column
+// 32 kk + 16 (j / 2) + 2 t + (byte & 1) + 8 (byte >> 1): fa3c_fp8_key_of_slot,
+// which Vᵀ's key order matches (fp8_prep.cu). So no shuffles.
+FA3C_HOST_DEVICE int fp8_fragment_source(int kk, int j, int byte) {
+    return 16 * kk + 8 * (j / 2) + 4 * (byte >> 1) + 2 * (j % 2) + (byte & 1);
+}
+
+// P (the f32 accumulator of S) -> e4m3 A fragments, one per 32-key k-step.
 FA3C_DEVICE void fp8_probs_to_fragments(const float *s, uint32_t (*frag)[4]) {
 #pragma unroll
-    for (int kk = 0; kk < FP8_N / 32; kk++) {
-        const float *x = s + 16 * kk;   // n8 slices 4 kk .. 4 kk + 3: registers 4 slice + 2 row + e
+    for (int kk = 0; kk < FP8_N / 32; kk++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int row = j % 2, half = j / 2;   // half: slices 4kk + 2 half, + 1
-            const float *a = x + 8 * half + 2 * row, *b = x + 8 * half + 4 + 2 * row;
-            frag[kk][j] = pack_e4m3x4(a[0], a[1], b[0], b[1]);
-        }
-    }
+        for (int j = 0; j < 4; j++)
+            frag[kk][j] = pack_e4m3x4(s[fp8_fragment_source(kk, j, 0)], s[fp8_fragment_source(kk, j, 1)],
+                                      s[fp8_fragment_source(kk, j, 2)], s[fp8_fragment_source(kk, j, 3)]);
 }
 
 // ---- consumer softmax --------------------------------------------------------------
@@ -139,20 +141,27 @@ struct Fp8RowState {
     float sum[2];   // this thread's partial sum of P (P in [0, 256])
 };
 
+// The keys query q sees, as offsets from `base` clamped to [-1, 128]:
+// [lo_c, hi_c] (empty when lo_c > hi_c), keys past seqlen_k excluded.
+FA3C_HOST_DEVICE void fp8_row_columns(const fa3c_fp8_kernel_params &p, long long q, long long base, int &lo_c,
+                                      int &hi_c) {
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
+    long long lo = p.window_left >= 0 ? q + diag - p.window_left : LLONG_MIN / 4;
+    long long hi = p.window_right >= 0 ? q + diag + p.window_right : LLONG_MAX / 4;
+    hi = min(hi, (long long)p.seqlen_k - 1);
+    lo_c = (int)max(min(lo - base, 128ll), -1ll);
+    hi_c = (int)max(min(hi - base, 128ll), -1ll);
+}
+
 // Scores to log2 units with the mask: thread rows row0, row0 + 8 (queries),
 // columns key0 + 8 c + 2 t (+1). Masked and past-the-end keys get -inf.
 FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float score_log2, float softcap_pre, int row0,
                             int key0) {
     const int t = threadIdx.x % 4;
-    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        // Key offsets (from key0 + 2 t) this row sees, clamped to [-1, 128].
-        const long long q = row0 + 8 * r, base = (long long)key0 + 2 * t;
-        long long lo = p.window_left >= 0 ? q + diag - p.window_left : LLONG_MIN / 4;
-        long long hi = p.window_right >= 0 ? q + diag + p.window_right : LLONG_MAX / 4;
-        hi = min(hi, (long long)p.seqlen_k - 1);
-        const int lo_c = (int)max(min(lo - base, 128ll), -1ll), hi_c = (int)max(min(hi - base, 128ll), -1ll);
+        int lo_c, hi_c;   // the row's keys, as offsets from key0 + 2 t
+        fp8_row_columns(p, row0 + 8 * r, (long long)key0 + 2 * t, lo_c, hi_c);
 #pragma unroll
         for (int c = 0; c < FP8_N / 8; c++)
 #pragma unroll

@@ -1,0 +1,197 @@
+// The index math of the backward and fp8 kernels (their host-device
+// functions), against brute force on the CPU: these run everywhere, CI
+// included, while the kernels themselves wait for a GPU.
+//   - The backward's walk: over every key block's query blocks
+//     (bwd_query_blocks) and tile elements (fa3c_bwd_rows_start, seen_columns,
+//     the preprocessing's rule for shared and padding rows), each (query,
+//     key) pair the mask lets through is seen exactly once, and no other;
+//     with packed sequences, short ones, seqused_k, causal and windows.
+//   - The deterministic dQ's turns: the key blocks that see a query block are
+//     a contiguous range starting at first_key_block.
+//   - The fp8 forward: P's fragment bytes (fp8_fragment_source) carry the keys
+//     Vᵀ's slots hold (fa3c_fp8_key_of_slot); its mask bounds
+//     (fp8_row_columns) and key-block range (fp8_key_blocks) match the mask.
+#include "gpu_util.cuh"
+#include "problem.h"
+#include "../../src/cuda/bwd_sm90.cuh"
+#include "../../src/cuda/fwd_fp8_sm90.cuh"
+
+// The API's mask (src/problem.h) for one pair.
+static int visible(const fa3c_problem *pr, int q, int key, int sq, int sk) {
+    int lo, hi;
+    fa3c_key_range(pr, q, sq, sk, &lo, &hi);
+    return key >= lo && key <= hi;
+}
+
+static fa3c_problem mask_problem(int causal, int wl, int wr) {
+    fa3c_problem pr;
+    memset(&pr, 0, sizeof pr);
+    pr.causal = causal;
+    pr.window_left = wl;
+    pr.window_right = wr;
+    return pr;
+}
+
+// One sequence of the backward: sq queries, sk_stored keys of which sk used.
+// Walks what the CTAs of its key blocks would, and counts each (query, key)
+// pair they see; returns the number of errors.
+static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed) {
+    const fa3c_problem pr = mask_problem(causal, wl, wr);
+    fa3c_bwd_kernel_params p;
+    memset(&p, 0, sizeof p);
+    int cu_q[2] = {0, sq}, cu_k[2] = {0, sk_stored}, used[1] = {sk};
+    p.batch = 1;
+    p.seqlen_q = sq;
+    p.seqlen_k = sk_stored;
+    p.cu_seqlens_q = packed ? cu_q : NULL;
+    p.cu_seqlens_k = packed ? cu_k : NULL;
+    p.seqused_k = sk < sk_stored ? used : NULL;
+    p.window_left = wl;
+    p.window_right = causal ? 0 : wr;
+    int *count = (int *)calloc((size_t)sq * sk_stored + 1, sizeof(int));
+    int errors = 0;
+    for (int n = 0; n * BWD_N < sk_stored; n++) {
+        const BwdSeq seq = bwd_sequence(p, n, 0);
+        for (int m = seq.m_begin; m < seq.m_end; m++) {
+            const int q0 = fa3c_bwd_rows_start(m, BWD_M, seq.sq, seq.q_packed);
+            for (int quad = 0; quad < 4; quad++)
+                for (int row = 0; row < BWD_N; row++) {   // every tile row, in the consumers' terms
+                    int lo, hi;
+                    const int key = seq.k_start + row;
+                    seen_columns(key, n * BWD_N, seq.sk, seq.rel_lo, seq.rel_hi, q0, quad, lo, hi);
+                    for (int j = 0; j < BWD_M / 8; j++)
+                        for (int e = 0; e < 2; e++) {
+                            const int c = 8 * j + 2 * quad + e, q = q0 + c;
+                            // seen, and a row the preprocessing gives a finite LSE (bwd_prep.cu)
+                            if (!(8 * j + e >= lo && 8 * j + e <= hi) || q < m * BWD_M || q >= seq.sq) continue;
+                            if (key < 0 || key >= sk_stored) {
+                                errors++;
+                                continue;
+                            }
+                            count[(size_t)q * sk_stored + key]++;
+                        }
+                }
+        }
+    }
+    for (int q = 0; q < sq; q++)
+        for (int key = 0; key < sk_stored; key++) {
+            const int want = key < sk && visible(&pr, q, key, sq, sk);
+            if (count[(size_t)q * sk_stored + key] != want) {
+                if (errors < 5)
+                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d: query %d key %d seen %d times, want %d\n",
+                           sq, sk, sk_stored, causal, wl, wr, packed, q, key, count[(size_t)q * sk_stored + key], want);
+                errors++;
+            }
+        }
+    // The deterministic turns: the key blocks that see query block m are
+    // [first_key_block, ...), contiguous.
+    for (int m = 0; m * BWD_M < sq; m++) {
+        int first = -1, last = -1, gaps = 0;
+        for (int n = 0; n * BWD_N < sk_stored; n++) {
+            const BwdSeq seq = bwd_sequence(p, n, 0);
+            if (m < seq.m_begin || m >= seq.m_end) continue;
+            if (first < 0) first = n;
+            else if (n != last + 1) gaps++;
+            last = n;
+        }
+        if (first < 0) continue;
+        const BwdSeq seq = bwd_sequence(p, first, 0);
+        if (gaps || first_key_block(seq.rel_lo, m) != first) {
+            if (errors < 5)
+                printf("  sq %d sk %d/%d causal %d window (%d,%d): query block %d: key blocks from %d (first_key_block %d), "
+                       "%d gaps\n", sq, sk, sk_stored, causal, wl, wr, m, first, first_key_block(seq.rel_lo, m), gaps);
+            errors++;
+        }
+    }
+    free(count);
+    return errors;
+}
+
+TEST(bwd_walk_sees_each_pair_once) {
+    const int lens[] = {1, 17, 63, 64, 65, 127, 128, 129, 200, 300};
+    const int windows[][3] = {{0, -1, -1}, {1, -1, -1}, {0, 40, 8}, {0, 0, 0}, {1, 100, -1}, {0, -1, 30}, {0, 200, 200}};
+    int errors = 0, cases = 0;
+    for (int a = 0; a < 10; a++)
+        for (int b = 0; b < 10; b++)
+            for (int w = 0; w < 7; w++)
+                for (int packed = 0; packed < 2; packed++)
+                    for (int used = 0; used < 2; used++) {
+                        const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
+                        errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2], packed);
+                        cases++;
+                    }
+    printf("  %d shapes (lengths x masks x packed x seqused_k)\n", cases);
+    CHECK(errors == 0, "%d errors in the backward's walk", errors);
+}
+
+// Packed sequences' tiles never leave the tensors: a box of `rows` rows at
+// the sequence's token tok0 + fa3c_bwd_rows_start(...) ends by the
+// sequence's end (it may start in the sequence before).
+TEST(bwd_packed_tiles_stay_inside) {
+    int errors = 0;
+    for (int len = 1; len < 400; len++)
+        for (int rows = 64; rows <= 128; rows += 64)
+            for (int block = 0; block * rows < len; block++) {
+                const int start = fa3c_bwd_rows_start(block, rows, len, 1);
+                // ends by the sequence's end, covers the block's first row, and starts
+                // before token 0 of the sequence only when the sequence is shorter than a box
+                if (start + rows > len || start > block * rows || (len >= rows && start < 0)) errors++;
+            }
+    CHECK(errors == 0, "%d tiles outside their sequence", errors);
+}
+
+TEST(fp8_fragment_bytes_meet_their_keys) {
+    int errors = 0;
+    for (int kk = 0; kk < FP8_N / 32; kk++)
+        for (int t = 0; t < 4; t++)
+            for (int j = 0; j < 4; j++)
+                for (int byte = 0; byte < 4; byte++) {
+                    // The accumulator register's row and column (the wgmma f32 layout) ...
+                    const int i = fp8_fragment_source(kk, j, byte), row = 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * t + i % 2;
+                    // ... against A's: row g (j even) or g + 8, slot 16 (j / 2) + 4 t + byte of k-step kk.
+                    const int slot = 16 * (j / 2) + 4 * t + byte;
+                    if (row != 8 * (j % 2) || col != 32 * kk + fa3c_fp8_key_of_slot(slot)) errors++;
+                }
+    int seen[32] = {0};
+    for (int slot = 0; slot < 32; slot++) seen[fa3c_fp8_key_of_slot(slot)]++;
+    for (int key = 0; key < 32; key++) errors += seen[key] != 1;
+    CHECK(errors == 0, "%d fragment bytes or slots out of place", errors);
+}
+
+TEST(fp8_mask_bounds_and_key_blocks) {
+    const int lens[] = {1, 17, 100, 128, 129, 300};
+    const int windows[][3] = {{0, -1, -1}, {1, -1, -1}, {0, 40, 8}, {0, 0, 0}, {1, 70, -1}};
+    int errors = 0;
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+            for (int w = 0; w < 5; w++) {
+                const int sq = lens[a], sk = lens[b];
+                const fa3c_problem pr = mask_problem(windows[w][0], windows[w][1], windows[w][2]);
+                fa3c_fp8_kernel_params p;
+                memset(&p, 0, sizeof p);
+                p.seqlen_q = sq;
+                p.seqlen_k = sk;
+                p.window_left = pr.window_left;
+                p.window_right = pr.causal ? 0 : pr.window_right;
+                for (int m0 = 0; m0 < sq; m0 += FP8_M) {
+                    int n_begin, n_end;
+                    fp8_key_blocks(p, m0, n_begin, n_end);
+                    for (int q = m0; q < m0 + FP8_M && q < sq; q++)
+                        for (int n = 0; n * FP8_N < sk; n++)
+                            for (int t = 0; t < 4; t++) {
+                                int lo, hi;
+                                fp8_row_columns(p, q, (long long)n * FP8_N + 2 * t, lo, hi);
+                                for (int c = 0; c < FP8_N / 8; c++)
+                                    for (int e = 0; e < 2; e++) {
+                                        const int off = 8 * c + e, key = n * FP8_N + off + 2 * t;
+                                        const int want = key < sk && visible(&pr, q, key, sq, sk);
+                                        errors += (off >= lo && off <= hi) != want;
+                                        errors += want && (n < n_begin || n >= n_end);   // a needed block skipped
+                                    }
+                            }
+                }
+            }
+    CHECK(errors == 0, "%d mask or key-block errors in the fp8 forward", errors);
+}
+
+TEST_MAIN()
