@@ -9,8 +9,11 @@
 #   3. compute-sanitizer memcheck and racecheck on bwd_small and fp8_fwd_small;
 #   4. a release build: ptxas counts, the Python GPU tests that run torch
 #      autograd and fp8 through it, and bench.py's backward and fp8 rows
-#      against cuDNN and FA2 (BENCH=0: none).
+#      against cuDNN and FA2.
 # Logs to $OUT/new; a short summary last. EXTRA_FLAGS: knobs for both builds.
+# STEPS (default "tests sanitizers bench"): the parts to run; all of them
+# may not fit one call's 600 s, so a session runs "tests sanitizers" in one
+# call and "bench" (the release build, Python, bench.py) in the next.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 L="$OUT/new"
@@ -19,6 +22,8 @@ flags=${EXTRA_FLAGS:-}
 insts="bf16_hdim64;bf16_hdim128;bf16_hdim256;fp16_hdim64;fp16_hdim128"
 on="-DFA3C_CUDA_BWD=ON -DFA3C_CUDA_FP8=ON -DFA3C_CUDA_VARLEN=OFF"
 B=build-gpu-new
+steps=" ${STEPS:-tests sanitizers bench} "
+if [[ $steps == *" tests "* || $steps == *" sanitizers "* ]]; then
 t0=$(date +%s)
 timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON $on "-DFA3C_INSTANCES=$insts" \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build.log" 2>&1 &&
@@ -33,7 +38,8 @@ for t in test_bwd test_fp8_fwd; do
   grep -E "FAIL|Failed" "$L/$t.log" | head -10 | sed 's/^/   /'
 done
 grep -E "^\[|max err|FAIL" $B/Testing/Temporary/LastTest*.log 2>/dev/null >"$L/errors.log"
-if command -v compute-sanitizer >/dev/null; then
+fi
+if [[ $steps == *" sanitizers "* ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     for c in "test_bwd bwd_small" "test_fp8_fwd fp8_fwd_small"; do
       set -- $c
@@ -42,6 +48,7 @@ if command -v compute-sanitizer >/dev/null; then
     done
   done
 fi
+[[ $steps == *" bench "* ]] || exit 0
 R=build-gpu-new-release
 timeout 300 cmake -S . -B $R -DFA3C_BUILD_TESTS=OFF $on "-DFA3C_INSTANCES=$insts" \
   "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" >"$L/build_release.log" 2>&1 &&
@@ -51,7 +58,7 @@ echo "== release build rc=$?; ptxas: C75xx warnings $(grep -cE 'C7508|C7510|C751
 FA3C_LIBRARY=$PWD/$R/libfa3c.so timeout 200 bash tools/test_python.sh -q -k "gpu and (autograd or compile or varlen or fp8)" \
   >"$L/python.log" 2>&1
 echo "== python GPU autograd / fp8 tests: rc=$? $(grep -E '(passed|failed)' "$L/python.log" | tail -1)"
-if [ "${BENCH:-1}" = 1 ]; then
+if true; then
   FA3C_LIBRARY=$PWD/$R/libfa3c.so PYTHONPATH=$PWD/python timeout 240 python3 bench/bench.py --hdims 64,128 \
     --seqlens 512,2048,8192 --no-gqa --no-decode --flex none --impls fa3c,cudnn,fa2 --budget 200 \
     --out "$L/bench" >"$L/bench.log" 2>&1
