@@ -22,5 +22,12 @@
 #define FA3C_BWD_PRODUCER_REGS 24
 #define FA3C_BWD_CONSUMER_REGS 240
 #define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (d) == 128)
+/* 1: per query block, Pᵀ is computed while dPᵀ's GEMM still runs, and dSᵀ
+ * while dV's does (bwd_sm90.cuh; without softcap). 0: each GEMM group is
+ * waited for before the element-wise work (the simplest order, to tell the
+ * two apart on a GPU). Neither has run on one yet. */
+#ifndef FA3C_BWD_OVERLAP
+#define FA3C_BWD_OVERLAP 1
+#endif
 
 #endif
