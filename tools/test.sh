@@ -25,14 +25,21 @@ if ! cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${FA3C_CMAKE_ARGS:-} ||
     echo "==== build: FAILED"
     exit 1
 fi
-# The kernels' ptxas reports (-Xptxas=-v): a spill or a C75xx message (wgmma
-# serialized, setmaxnreg ignored, ...) is a bug, as docs/KERNEL.md says.
-# Only what this build compiled is checked (a rebuild recompiles less).
+# The library kernels' ptxas reports (-Xptxas=-v): a spill or a C75xx
+# message (wgmma serialized, setmaxnreg ignored, ...; ptxas prints some of
+# them as "info") is a bug, as docs/KERNEL.md says. The tests' step kernels
+# are not held to it. Only what this build compiled is checked (a rebuild
+# recompiles less).
 ptxas_clean() {
+    local lib='[0-9](fwd_kernel|bwd_kernel|fwd_fp8_kernel|bwd_prep_kernel|bwd_dq_kernel|fp8_transpose_v_kernel|fwd_combine_kernel)'
     local bad
-    bad=$(grep -E 'C75[0-9][0-9]|[1-9][0-9]* bytes spill (stores|loads)' build/build.log)
+    bad=$(awk -v lib="$lib" '
+        /Compiling entry function|Function properties for/ { fn = $0 }
+        /C75[0-9][0-9]/ && $0 ~ lib { print; next }
+        /[1-9][0-9]* bytes spill (stores|loads)/ && fn ~ lib { print fn; print }
+    ' build/build.log)
     [ -z "$bad" ] || { echo "$bad"; return 1; }
-    echo "no spills, no C75xx in $(grep -c 'bytes spill stores' build/build.log) compiled functions"
+    echo "library kernels: no spills, no C75xx in $(grep 'Compiling entry function' build/build.log | grep -cE "$lib") compiled"
 }
 stage ptxas ptxas_clean
 stage ctest bash -c 'cd build && ctest --output-on-failure --no-tests=error -j2'
