@@ -14,7 +14,11 @@
  * --page-size P (with --decode; up to 4, 0 = contiguous): the same K and V read as a paged cache
  * of P-key pages in a shuffled page table (seqused_k = seqlen_k; the variable-length kernels):
  * the cost of pages, small ones (1, 16) in particular, against the contiguous cache. The CSV's
- * last column, page, is the page size (0: none). */
+ * last column, page, is the page size (0: none).
+ * --backward: fa3c_bwd instead, on the same grid (bf16; TFLOPS count 2.5x the forward's FLOPs,
+ * as TARGETS.md does); needs a build whose CUDA backward is on (-DFA3C_CUDA_BWD=ON).
+ * --fp8: the e4m3 forward instead (hdim 128 and 256, non-causal and causal; descales 1); needs
+ * -DFA3C_CUDA_FP8=ON. Both say what the build refused, shape by shape, when it is off. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -54,13 +58,23 @@ static void fill_random_bf16(uint16_t *h, size_t n, uint64_t seed) {
     }
 }
 
+/* One call of the timed kind: the forward (fa3c_fwd_params) or the backward (fa3c_bwd_params). */
+typedef struct {
+    const fa3c_fwd_params *fwd;
+    const fa3c_bwd_params *bwd;
+} timed_call;
+static void call_once(timed_call c) {
+    if (c.bwd) fa3c_bwd(c.bwd, NULL);
+    else fa3c_fwd(c.fwd, NULL);
+}
+
 /* Median time of one call in ms: warm-up, then 30 timings of enough calls
  * for >= 5 ms each, so the host cost of a call hides behind the previous kernel. */
-static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1) {
+static double time_any(timed_call c, cudaEvent_t e0, cudaEvent_t e1) {
     CUDA_TRY(cudaDeviceSynchronize());
-    for (int w = 0; w < 10; w++) fa3c_fwd(p, NULL);
+    for (int w = 0; w < 10; w++) call_once(c);
     CUDA_TRY(cudaEventRecord(e0, 0));
-    fa3c_fwd(p, NULL);
+    call_once(c);
     CUDA_TRY(cudaEventRecord(e1, 0));
     CUDA_TRY(cudaEventSynchronize(e1));
     float one;
@@ -69,7 +83,7 @@ static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1
     float times[30];
     for (int r = 0; r < 30; r++) {
         CUDA_TRY(cudaEventRecord(e0, 0));
-        for (int i = 0; i < inner; i++) fa3c_fwd(p, NULL);
+        for (int i = 0; i < inner; i++) call_once(c);
         CUDA_TRY(cudaEventRecord(e1, 0));
         CUDA_TRY(cudaEventSynchronize(e1));
         CUDA_TRY(cudaEventElapsedTime(&times[r], e0, e1));
@@ -78,6 +92,11 @@ static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1
     CUDA_TRY(cudaGetLastError());
     qsort(times, 30, sizeof(float), cmp_float);
     return times[15];
+}
+
+static double time_call(const fa3c_fwd_params *p, cudaEvent_t e0, cudaEvent_t e1) {
+    timed_call c = {p, NULL};
+    return time_any(c, e0, e1);
 }
 
 /* --seqused: seqused_k = seqlen_k for each of `batch` sequences, in device
@@ -199,6 +218,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_siz
 
 int main(int argc, char **argv) {
     int quick = 0, decode = 0, seqused = 0, page_sizes[4] = {0}, npages = 0, picked[5] = {0}, npicked = 0;
+    int backward = 0, fp8 = 0;
     int own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
@@ -212,16 +232,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--page-size") && i + 1 < argc && atoi(argv[i + 1]) >= 0 && npages < 4)
             page_sizes[npages++] = atoi(argv[++i]), seqused = 1;
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
+        else if (!strcmp(argv[i], "--backward")) backward = 1;
+        else if (!strcmp(argv[i], "--fp8")) fp8 = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]...] [--seqused] "
-                    "[--csv FILE]\n",
+                    "[--backward | --fp8] [--csv FILE]\n",
                     argv[0]);
             return 2;
         }
     }
     if (npages && !decode) {
         fprintf(stderr, "--page-size goes with --decode\n");
+        return 2;
+    }
+    if ((backward || fp8) && (decode || seqused || (backward && fp8))) {
+        fprintf(stderr, "--backward and --fp8 go alone (not with each other, --decode or --seqused)\n");
         return 2;
     }
     if (!fa3c_cuda_available()) {
@@ -260,9 +286,39 @@ int main(int argc, char **argv) {
     fill_device_random(q, total * 2, 1234);
     fill_device_random(k, total * 2, 1235);
     fill_device_random(v, total * 2, 1236);
+    void *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *q8 = NULL, *k8 = NULL, *v8 = NULL;
+    if (backward) {   /* dout random; out and lse from a forward per shape */
+        CUDA_TRY(cudaMalloc(&dout, total * 2));
+        CUDA_TRY(cudaMalloc(&dq, total * 2));
+        CUDA_TRY(cudaMalloc(&dk, total * 2));
+        CUDA_TRY(cudaMalloc(&dv, total * 2));
+        fill_device_random(dout, total * 2, 1237);
+    }
+    if (fp8) {   /* e4m3 copies of q, k, v: the bf16 values rounded (random bytes could be NaN) */
+        void **dst[3] = {&q8, &k8, &v8};
+        const uint64_t seeds[3] = {1234, 1235, 1236};
+        size_t chunk = total < ((size_t)1 << 26) ? total : (size_t)1 << 26;
+        uint16_t *h16 = (uint16_t *)malloc(chunk * 2);
+        uint8_t *h8 = (uint8_t *)malloc(chunk);
+        for (int t = 0; t < 3; t++) {
+            CUDA_TRY(cudaMalloc(dst[t], total));
+            fill_random_bf16(h16, chunk, seeds[t]);
+            for (size_t i = 0; i < chunk; i++) {
+                uint32_t u = (uint32_t)h16[i] << 16;
+                float f;
+                memcpy(&f, &u, 4);
+                h8[i] = fa3c_float_to_e4m3(f);
+            }
+            for (size_t off = 0; off < total; off += chunk)
+                CUDA_TRY(cudaMemcpy((char *)*dst[t] + off, h8, total - off < chunk ? total - off : chunk,
+                                    cudaMemcpyHostToDevice));
+        }
+        free(h16);
+        free(h8);
+    }
     printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "TFLOPS");
     for (int hi = 0; hi < 5; hi++) {
-        int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192;
+        int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192 && (!fp8 || d >= 128);
         for (int j = 0; j < npicked; j++) wanted |= picked[j] == d;
         if (!wanted) continue;
         for (int causal = 0; causal < 2; causal++)
@@ -270,31 +326,55 @@ int main(int argc, char **argv) {
                 int s = seqlens[si], b = 16384 / s, heads = 2048 / d;
                 fa3c_fwd_params p;
                 fa3c_fwd_params_init(&p);
-                p.problem.dtype = FA3C_DTYPE_BF16;
+                p.problem.dtype = fp8 ? FA3C_DTYPE_E4M3 : FA3C_DTYPE_BF16;
                 p.problem.batch = b;
                 p.problem.seqlen_q = p.problem.seqlen_k = s;
                 p.problem.heads_q = p.problem.heads_kv = heads;
                 p.problem.headdim = d;
                 p.problem.causal = causal;
-                set_dense(&p.q, q, s, heads, d);
-                set_dense(&p.k, k, s, heads, d);
-                set_dense(&p.v, v, s, heads, d);
+                set_dense(&p.q, fp8 ? q8 : q, s, heads, d);
+                set_dense(&p.k, fp8 ? k8 : k, s, heads, d);
+                set_dense(&p.v, fp8 ? v8 : v, s, heads, d);
                 set_dense(&p.out, o, s, heads, d);
                 p.lse = lse;
                 p.backend = FA3C_BACKEND_CUDA;
                 set_seqused(&p);
                 fa3c_status st = fa3c_fwd(&p, NULL);
+                fa3c_bwd_params g;
+                if (st == FA3C_STATUS_OK && backward) {
+                    fa3c_bwd_params_init(&g);
+                    g.problem = p.problem;
+                    g.q = p.q;
+                    g.k = p.k;
+                    g.v = p.v;
+                    g.out = p.out;
+                    g.lse = lse;
+                    set_dense(&g.dout, dout, s, heads, d);
+                    set_dense(&g.dq, dq, s, heads, d);
+                    set_dense(&g.dk, dk, s, heads, d);
+                    set_dense(&g.dv, dv, s, heads, d);
+                    g.backend = FA3C_BACKEND_CUDA;
+                    st = fa3c_bwd(&g, NULL);
+                }
                 if (st != FA3C_STATUS_OK) {
                     printf("%-5d %-6d %-6d %-5d %-5d  %s\n", d, causal, s, b, heads, fa3c_last_error());
                     continue;
                 }
-                double ms = time_call(&p, e0, e1);
-                double flops = 4.0 * b * heads * (double)s * s * d / (causal ? 2 : 1);
+                timed_call c = {&p, backward ? &g : NULL};
+                double ms = time_any(c, e0, e1);
+                double flops = (backward ? 2.5 : 1.0) * 4.0 * b * heads * (double)s * s * d / (causal ? 2 : 1);
                 double tflops = flops / (ms * 1e-3) / 1e12;
                 printf("%-5d %-6d %-6d %-5d %-5d %9.4f %8.1f\n", d, causal, s, b, heads, ms, tflops);
                 if (out) fprintf(out, "%d,%d,%d,%d,%d,%.5f,%.1f\n", d, causal, s, b, heads, ms, tflops);
             }
     }
     if (out) fclose(out);
+    cudaFree(dout);
+    cudaFree(dq);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(q8);
+    cudaFree(k8);
+    cudaFree(v8);
     return 0;
 }
