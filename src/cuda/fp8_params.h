@@ -15,7 +15,16 @@ extern "C" {
  * 128 or 256 bytes: whole 128-byte swizzle chunks). */
 #define FA3C_FP8_BLOCK_M 128
 #define FA3C_FP8_BLOCK_N 128
-#define FA3C_FP8_STAGES 2
+/* 1: the consumers overlap softmax(n) with their own P·V(n-1) and take
+ * turns issuing their GEMMs (pingpong; fwd_fp8_sm90.cuh). 0: each GEMM is
+ * waited for in turn, the first form. Off until its GPU tests and an A/B
+ * against 0 have run (docs/FP8.md). */
+#ifndef FA3C_FP8_OVERLAP
+#define FA3C_FP8_OVERLAP 0
+#endif
+/* K/Vᵀ slots in the ring: 2; 3 at hdim 128 with FA3C_FP8_OVERLAP, whose
+ * loop frees a slot only once P·V of its block has landed (16 + 3 x 32 KB). */
+#define FA3C_FP8_STAGES(d) (FA3C_FP8_OVERLAP && (d) == 128 ? 3 : 2)
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

@@ -22,16 +22,21 @@
 #include "wgmma.cuh"
 #include "fp8_params.h"
 
-enum { FP8_M = FA3C_FP8_BLOCK_M, FP8_N = FA3C_FP8_BLOCK_N, FP8_STAGES = FA3C_FP8_STAGES, FP8_ATOM = 1024 };
+enum { FP8_M = FA3C_FP8_BLOCK_M, FP8_N = FA3C_FP8_BLOCK_N, FP8_ATOM = 1024 };
+
+// Named-barrier ids (0 is __syncthreads): the consumers' turns with
+// FA3C_FP8_OVERLAP, one per warpgroup (this one and + 1).
+enum Fp8NamedBarrier { BAR_FP8_TURN_WG0 = 1 };
 
 // Q and K as D / 128 column chunks of rows x 128 B; Vᵀ as D rows x 128 B.
 template <int D>
 struct Fp8Smem {
+    enum { STAGES = FA3C_FP8_STAGES(D) };
     alignas(1024) uint8_t q[FP8_M * D];
-    alignas(1024) uint8_t k[FP8_STAGES][FP8_N * D];
-    alignas(1024) uint8_t vt[FP8_STAGES][D * FP8_N];
+    alignas(1024) uint8_t k[STAGES][FP8_N * D];
+    alignas(1024) uint8_t vt[STAGES][D * FP8_N];
     uint64_t q_full;
-    uint64_t kv_full[FP8_STAGES], kv_empty[FP8_STAGES];
+    uint64_t kv_full[STAGES], kv_empty[STAGES];
 };
 
 // Key blocks [n_begin, n_end) that rows [m0, m0 + 128) see at all.
@@ -64,8 +69,8 @@ FA3C_DEVICE void fp8_producer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
 #pragma unroll
     for (int c = 0; c < D / 128; c++) tma_load_4d(sm.q + c * FP8_M * 128, &p.q_map, &sm.q_full, c * 128, m0, head, batch);
     for (int n = n_begin, it = 0; n < n_end; n++, it++) {
-        const int s = it % FP8_STAGES;
-        if (it >= FP8_STAGES) mbar_wait_parity(&sm.kv_empty[s], (it / FP8_STAGES - 1) & 1);
+        const int s = it % FA3C_FP8_STAGES(D);
+        if (it >= FA3C_FP8_STAGES(D)) mbar_wait_parity(&sm.kv_empty[s], (it / FA3C_FP8_STAGES(D) - 1) & 1);
         mbar_arrive_expect_tx(&sm.kv_full[s], 2 * FP8_N * D);
 #pragma unroll
         for (int c = 0; c < D / 128; c++)
@@ -174,35 +179,39 @@ FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float sco
     }
 }
 
-// Online softmax step: new row maxima, O and the sums rescaled, P in place.
-template <int D>
-FA3C_DEVICE void fp8_softmax(float *s, float *o, Fp8RowState &st) {
+// Online softmax step for row r of the thread's two (0: row0, 1: row0 + 8):
+// the new row max, the sum rescaled, P in place; returns the factor O's row
+// must be rescaled by (fp8_rescale_o_row: the overlapped loop applies it
+// only once the P·V in flight has landed).
+FA3C_DEVICE float fp8_softmax_row(float *s, Fp8RowState &st, int r) {
+    float mx = st.max[r];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = st.max[r];
+    for (int c = 0; c < FP8_N / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
+    // A row that has seen no key yet keeps offset 0: exp2(-inf - 0) = 0, never NaN.
+    const float off = mx == -INFINITY ? 0.f : mx - 8.f;
+    const float rescale = mx == -INFINITY ? 1.f : ex2f(st.max[r] - mx);
+    st.max[r] = mx;
+    float sum = st.sum[r] * rescale;
 #pragma unroll
-        for (int c = 0; c < FP8_N / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
-        // A row that has seen no key yet keeps offset 0: exp2(-inf - 0) = 0, never NaN.
-        const float off = mx == -INFINITY ? 0.f : mx - 8.f;
-        const float rescale = mx == -INFINITY ? 1.f : ex2f(st.max[r] - mx);
-        st.max[r] = mx;
-        float sum = st.sum[r] * rescale;
+    for (int c = 0; c < FP8_N / 8; c++)
 #pragma unroll
-        for (int c = 0; c < FP8_N / 8; c++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float prob = ex2f(s[4 * c + 2 * r + e] - off);
-                s[4 * c + 2 * r + e] = prob;
-                sum += prob;
-            }
-        st.sum[r] = sum;
-#pragma unroll
-        for (int c = 0; c < D / 8; c++) {
-            o[4 * c + 2 * r] *= rescale;
-            o[4 * c + 2 * r + 1] *= rescale;
+        for (int e = 0; e < 2; e++) {
+            const float prob = ex2f(s[4 * c + 2 * r + e] - off);
+            s[4 * c + 2 * r + e] = prob;
+            sum += prob;
         }
+    st.sum[r] = sum;
+    return rescale;
+}
+
+template <int D>
+FA3C_DEVICE void fp8_rescale_o_row(float *o, int r, float rescale) {
+#pragma unroll
+    for (int c = 0; c < D / 8; c++) {
+        o[4 * c + 2 * r] *= rescale;
+        o[4 * c + 2 * r + 1] *= rescale;
     }
 }
 
@@ -227,19 +236,74 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     Fp8RowState st = {{-INFINITY, -INFINITY}, {0.f, 0.f}};
     if (n_begin < n_end) mbar_wait_parity(&sm.q_full, 0);
-    for (int n = n_begin, it = 0; n < n_end; n++, it++) {
-        const int s = it % FP8_STAGES;
-        mbar_wait_parity(&sm.kv_full[s], (it / FP8_STAGES) & 1);
-        float sc[FP8_N / 2];
+    if (!FA3C_FP8_OVERLAP) {   // each GEMM waited for in turn
+        for (int n = n_begin, it = 0; n < n_end; n++, it++) {
+            const int s = it % FA3C_FP8_STAGES(D);
+            mbar_wait_parity(&sm.kv_full[s], (it / FA3C_FP8_STAGES(D)) & 1);
+            float sc[FP8_N / 2];
+            wgmma_fence();
+            fp8_gemm_qk<D>(sc, sm.q, sm.k[s], wg);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fp8_fence_regs<FP8_N / 2>(sc);
+            fp8_scores(sc, p, score_log2, softcap_pre, row0, n * FP8_N);
+#pragma unroll
+            for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r));
+            uint32_t p_frag[FP8_N / 32][4];
+            fp8_probs_to_fragments(sc, p_frag);
+            wgmma_fence();
+            fp8_gemm_pv<D>(o, p_frag, sm.vt[s]);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fp8_fence_regs<D / 2>(o);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.kv_empty[s]);
+        }
+    } else if (n_begin < n_end) {
+        // FA3's two overlaps. Intra-warpgroup: S(n) and O += P(n-1)·V(n-1)
+        // are issued together, and softmax(n) runs while P·V(n-1) is in
+        // flight (O is rescaled once it lands). Pingpong: the two consumers
+        // take turns issuing their GEMMs (named barriers), so that one's
+        // softmax runs under the other's GEMMs. Warpgroup 1 lets warpgroup 0
+        // go first; the last turn is never handed back (no arrival left over).
+        const int last = n_end - 1 - n_begin;   // turns: one per key block after the first
+        if (wg == 1 && last > 0) named_bar_arrive(BAR_FP8_TURN_WG0, 256);
+        float sc[FP8_N / 2], rescale[2];
+        uint32_t p_frag[FP8_N / 32][4];
+        mbar_wait_parity(&sm.kv_full[0], 0);
         wgmma_fence();
-        fp8_gemm_qk<D>(sc, sm.q, sm.k[s], wg);
+        fp8_gemm_qk<D>(sc, sm.q, sm.k[0], wg);
         wgmma_commit();
         wgmma_wait<0>();
         fp8_fence_regs<FP8_N / 2>(sc);
-        fp8_scores(sc, p, score_log2, softcap_pre, row0, n * FP8_N);
-        fp8_softmax<D>(sc, o, st);
-        uint32_t p_frag[FP8_N / 32][4];
+        fp8_scores(sc, p, score_log2, softcap_pre, row0, n_begin * FP8_N);
+        fp8_softmax_row(sc, st, 0);   // O is 0: nothing to rescale
+        fp8_softmax_row(sc, st, 1);
         fp8_probs_to_fragments(sc, p_frag);
+        for (int it = 1; it <= last; it++) {
+            const int s = it % FA3C_FP8_STAGES(D), prev = (it - 1) % FA3C_FP8_STAGES(D);
+            mbar_wait_parity(&sm.kv_full[s], (it / FA3C_FP8_STAGES(D)) & 1);
+            named_bar_sync(BAR_FP8_TURN_WG0 + wg, 256);
+            wgmma_fence();
+            fp8_gemm_qk<D>(sc, sm.q, sm.k[s], wg);
+            wgmma_commit();
+            fp8_gemm_pv<D>(o, p_frag, sm.vt[prev]);
+            wgmma_commit();
+            if (!(wg == 1 && it == last)) named_bar_arrive(BAR_FP8_TURN_WG0 + (1 - wg), 256);
+            wgmma_wait<1>();   // S(n); P·V(n-1) may still run
+            fp8_fence_regs<FP8_N / 2>(sc);
+            fp8_scores(sc, p, score_log2, softcap_pre, row0, (n_begin + it) * FP8_N);
+            rescale[0] = fp8_softmax_row(sc, st, 0);
+            rescale[1] = fp8_softmax_row(sc, st, 1);
+            wgmma_wait<0>();   // P·V(n-1): its slot is free, O may be rescaled, P(n-1)'s registers reused
+            fp8_fence_regs<D / 2>(o);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.kv_empty[prev]);
+            fp8_rescale_o_row<D>(o, 0, rescale[0]);
+            fp8_rescale_o_row<D>(o, 1, rescale[1]);
+            fp8_probs_to_fragments(sc, p_frag);
+        }
+        const int s = last % FA3C_FP8_STAGES(D);   // the last block's P·V
         wgmma_fence();
         fp8_gemm_pv<D>(o, p_frag, sm.vt[s]);
         wgmma_commit();
@@ -287,7 +351,7 @@ __global__ void __launch_bounds__(FA3C_FP8_THREADS, 1) fwd_fp8_kernel(const __gr
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.vt_map);
         mbar_init(&sm.q_full, 1);
-        for (int s = 0; s < FP8_STAGES; s++) {
+        for (int s = 0; s < FA3C_FP8_STAGES(D); s++) {
             mbar_init(&sm.kv_full[s], 1);
             mbar_init(&sm.kv_empty[s], 8);   // one per consumer warp
         }
