@@ -11,8 +11,8 @@ extern "C" {
 #endif
 
 /* Tiles: 128 query rows per CTA (two consumer warpgroups of 64), key blocks
- * of 128, a 2-slot ring of K and Vᵀ tiles; head dims 128 and 256 (rows of
- * 128 or 256 bytes: whole 128-byte swizzle chunks). */
+ * of 128, a ring of K and Vᵀ tiles (FA3C_FP8_STAGES); head dims 128 and 256
+ * (rows of 128 or 256 bytes: whole 128-byte swizzle chunks). */
 #define FA3C_FP8_BLOCK_M 128
 #define FA3C_FP8_BLOCK_N 128
 /* 1: the consumers overlap softmax(n) with their own P·V(n-1) and take
@@ -22,9 +22,10 @@ extern "C" {
 #ifndef FA3C_FP8_OVERLAP
 #define FA3C_FP8_OVERLAP 0
 #endif
-/* K/Vᵀ slots in the ring: 2; 3 at hdim 128 with FA3C_FP8_OVERLAP, whose
- * loop frees a slot only once P·V of its block has landed (16 + 3 x 32 KB). */
-#define FA3C_FP8_STAGES(d) (FA3C_FP8_OVERLAP && (d) == 128 ? 3 : 2)
+/* K/Vᵀ slots in the ring: 2; 3 with FA3C_FP8_OVERLAP, whose loop frees a
+ * slot only a block later, once P·V of its block has landed (hdim 256:
+ * 32 + 3 x 64 KB, within 227 KB). */
+#define FA3C_FP8_STAGES(d) (FA3C_FP8_OVERLAP ? 3 : 2)
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

@@ -4,7 +4,7 @@
 // One CTA computes 128 query rows of one (batch, head) against every key
 // block its mask lets through:
 //   warpgroup 0  producer: one thread loads Q once, then K and Vᵀ tiles
-//                through a 2-slot ring (TMA, mbarriers). Vᵀ is the copy of
+//                through a ring of slots (TMA, mbarriers). Vᵀ is the copy of
 //                V that fp8_prep.cu writes before the launch: e4m3 wgmma
 //                takes both operands K-major, and for O += P·V that means
 //                V with the keys contiguous;
@@ -13,9 +13,9 @@
 //                P to e4m3 in registers, O += P·Vᵀ (wgmma, A from registers).
 // P is kept in [0, 256] (exp2 against the row max less 8, as FA3 does) so
 // that e4m3's precision is spent on the largest probabilities; the row
-// sums stay f32. This first form waits for each GEMM in turn: the bf16
-// kernel's pingpong and intra-warpgroup overlap are its next steps
-// (docs/FP8.md).
+// sums stay f32. By default each GEMM is waited for in turn (the first
+// form); FA3C_FP8_OVERLAP turns on the bf16 kernel's two overlaps, the
+// intra-warpgroup one and the pingpong between the consumers (docs/FP8.md).
 #pragma once
 #include <limits.h>
 #include "ptx.cuh"
