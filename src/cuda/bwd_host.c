@@ -172,6 +172,13 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
                           "CUDA backward: cudaMallocAsync of %zu B of scratch failed: %s", total,
                           cudaGetErrorString(e));
     }
+    if ((s = fa3c_tensor_map_f32_rows(&k.lse_map, "lse (log2, scratch)", (char *)ws + zeroed, rows_pad,
+                                      (int64_t)pr->batch * pr->heads_q, FA3C_BWD_BLOCK_M)) ||
+        (s = fa3c_tensor_map_f32_rows(&k.dsum_map, "dsum (scratch)", (char *)ws + zeroed + row_bytes, rows_pad,
+                                      (int64_t)pr->batch * pr->heads_q, FA3C_BWD_BLOCK_M))) {
+        cudaFreeAsync(ws, (cudaStream_t)stream);
+        return s;
+    }
     k.dq_accum = (float *)ws;
     k.dq_semaphore = p->deterministic ? (int *)((char *)ws + accum_bytes) : NULL;
     k.num_m_blocks = rows_pad / FA3C_BWD_BLOCK_M;

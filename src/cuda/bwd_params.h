@@ -18,6 +18,10 @@ typedef struct fa3c_bwd_kernel_params {
      * bound; every box stays inside its sequence or before it:
      * fa3c_bwd_rows_start). */
     CUtensorMap q_map, k_map, v_map, do_map;
+    /* lse_log2 and dsum below as (batch x heads_q rows of rows_pad floats),
+     * boxes of FA3C_BWD_BLOCK_M x 1 (compute-sanitizer's racecheck did not
+     * follow the plain bulk copies these replaced). */
+    CUtensorMap lse_map, dsum_map;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;   /* seqlen_*: the longest sequence's */
     int group;                 /* heads_q / heads_kv: one CTA walks the query heads of its K/V head */
     int rows_pad;              /* seqlen_q rounded up to FA3C_BWD_BLOCK_M: the row count of the scratch */

@@ -71,8 +71,8 @@ struct BwdSmem {
     alignas(1024) uint8_t q[BWD_STAGES][BWD_M * D * 2];
     alignas(1024) uint8_t dout[BWD_STAGES][BWD_M * D * 2];
     alignas(1024) uint8_t ds[2][BWD_N * BWD_M * 2];   // two buffers: one barrier per query block
-    float lse_log2[BWD_STAGES][BWD_M];
-    float dsum[BWD_STAGES][BWD_M];
+    alignas(128) float lse_log2[BWD_STAGES][BWD_M];
+    alignas(128) float dsum[BWD_STAGES][BWD_M];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
     BwdSeq seq;
@@ -139,8 +139,7 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, BWD_N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
     int it = 0;
     for (int g = 0; g < p.group; g++) {
-        const int head = head_kv * p.group + g;
-        const int64_t row_base = ((int64_t)batch * p.heads_q + head) * p.rows_pad;
+        const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
         for (int m = m_begin; m < m_end; m++, it++) {
             const int s = it % BWD_STAGES;
             const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, BWD_M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
@@ -148,8 +147,8 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             mbar_arrive_expect_tx(&sm.full[s], 2 * BWD_M * D * 2 + 2 * BWD_M * 4);
             bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
             bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
-            bulk_load(sm.lse_log2[s], p.lse_log2 + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
-            bulk_load(sm.dsum[s], p.dsum + row_base + m * BWD_M, BWD_M * 4, &sm.full[s]);
+            tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * BWD_M, row);
+            tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * BWD_M, row);
         }
     }
 }
@@ -526,6 +525,8 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);
         tma_prefetch_map(&p.do_map);
+        tma_prefetch_map(&p.lse_map);
+        tma_prefetch_map(&p.dsum_map);
         mbar_init(&sm.kv_full, 1);
         for (int s = 0; s < BWD_STAGES; s++) {
             mbar_init(&sm.full[s], 1);

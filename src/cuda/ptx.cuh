@@ -111,6 +111,14 @@ FA3C_DEVICE void tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar,
         : "memory");
 }
 
+FA3C_DEVICE void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];"
+        ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
 FA3C_DEVICE void tma_load_5d(void *dst, const CUtensorMap *map, uint64_t *bar,
                              int c0, int c1, int c2, int c3, int c4) {
     asm volatile(
@@ -132,15 +140,6 @@ FA3C_DEVICE void tma_load_4d_multicast(void *dst, const CUtensorMap *map, uint64
         ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)), "h"(cta_mask),
           "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
-}
-
-// Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from
-// global memory to smem without a tensor map; completes on `bar` like a
-// tensor load (PTX ISA 9.7.9.25, cp.async.bulk).
-FA3C_DEVICE void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
 }
 
 // Store a 4-D box from smem to global (bulk-group completion).

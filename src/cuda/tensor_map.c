@@ -93,3 +93,17 @@ fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3
     cuuint32_t box[5] = {(cuuint32_t)box_cols, (cuuint32_t)pack, (cuuint32_t)(box_rows / pack), 1, 1};
     return encode_tiled(map, name, t->data, 2, 5, dims, strides, box);
 }
+
+fa3c_status fa3c_tensor_map_f32_rows(CUtensorMap *map, const char *name, void *data, int64_t cols, int64_t rows,
+                                     int box_cols) {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = get_encoder();
+    if (!encode) return fa3c_error(FA3C_STATUS_CUDA_ERROR, "cuTensorMapEncodeTiled not found in the CUDA driver");
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)cols * 4};
+    const cuuint32_t box[2] = {(cuuint32_t)box_cols, 1}, elem_strides[2] = {1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, data, dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "%s: cuTensorMapEncodeTiled failed (CUresult %d)", name, (int)r);
+    return FA3C_STATUS_OK;
+}

@@ -26,6 +26,12 @@ fa3c_status fa3c_tensor_map_rows(CUtensorMap *map, const char *name, const fa3c_
 fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3c_tensor *t, int batch, int seqlen,
                                    int heads, int pack, int headdim, int box_cols, int box_rows);
 
+/* A 2-D map over rows x cols floats (rows contiguous, cols a multiple of 4)
+ * with boxes of box_cols x 1 and no swizzle: the backward's per-row scratch
+ * (lse_log2, dsum), loaded by TMA like the tiles. */
+fa3c_status fa3c_tensor_map_f32_rows(CUtensorMap *map, const char *name, void *data, int64_t cols, int64_t rows,
+                                     int box_cols);
+
 /* NOT_SUPPORTED (with a message naming `name`) unless t->data is 16-byte
  * aligned, as TMA and the kernels' vector stores need. */
 fa3c_status fa3c_tensor_map_check_aligned(const char *name, const fa3c_tensor *t);

@@ -1,7 +1,7 @@
 // The Hopper backward kernel through the public API (backend CUDA) against
 // the float64 CPU reference backward, with ARCHITECTURE.md's accuracy rule
 // per gradient:
-//   max|gpu - ref| <= 2 * max|naive-in-input-precision - ref| + 1e-3 * max|ref|,
+//   max|gpu - ref| <= 2 * max|naive-in-input-precision - ref| + 1e-3 * max(max|ref|, 0.01),
 // where the naive backward (below) rounds each intermediate (P, dP, dsum,
 // dS) and each gradient to the input dtype, as a framework's bf16 autograd
 // would. Outputs are poisoned first and must be written everywhere; dk and
@@ -163,8 +163,10 @@ static void check_grad(const char *name, const float *g, const float *lowp, cons
         unwritten += isnan(g[i]);
         if (fabs(ref[i]) > ref_max) ref_max = fabs(ref[i]);
     }
+    // The atol: 1e-3 of the gradient's size, at least 1e-5 (a gradient that is exactly 0, as dq and dk
+    // are with one key: dS = P (dP - dsum) = 0, still carries f32 roundoff).
     const double err = tu_max_abs_err(g, ref, n), err_lowp = tu_max_abs_err(lowp, ref, n);
-    const double bound = 2 * err_lowp + 1e-3 * ref_max;
+    const double bound = 2 * err_lowp + 1e-3 * (ref_max > 1e-2 ? ref_max : 1e-2);
     printf("    %s: max err %.3g (naive %.3g, bound %.3g, max|ref| %.3g), rel L2 %.3g\n", name, err, err_lowp, bound,
            ref_max, tu_rel_l2_err(g, ref, n));
     CHECK(unwritten == 0, "%s: %lld elements left unwritten (NaN)", name, (long long)unwritten);
@@ -560,10 +562,10 @@ TEST(bwd_not_supported_is_reported) {
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, BF16, 1, 64, 64, 1, 1, 128);
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, 64 * 128 * 2));
-    fa3c_tensor t = tu_tensor(d, 1, 64, 1, 128);
-    p.q = p.k = p.v = p.out = p.dout = p.dq = p.dk = p.dv = t;
+    void *d = NULL;   // eight tensors of 64 x 128, apart (outputs must not alias inputs)
+    CUDA_OK(cudaMalloc(&d, 8 * 64 * 128 * 2));
+    fa3c_tensor *ts[8] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
+    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 128 * 2, 1, 64, 1, 128);
     float *lse = NULL;
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
