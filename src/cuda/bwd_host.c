@@ -1,10 +1,8 @@
 /* The CUDA backward's host side: what it supports, its scratch, and its
  * three launches (bwd_prep.cu's preprocessing, the main kernel of
  * bwd_sm90.cuh, bwd_prep.cu's dq kernel), all on the caller's stream.
- *
- * The kernels have not yet run on a GPU (GPU loans were paused when they
- * were written): a build uses them only when configured with
- * -DFA3C_CUDA_BWD=ON; otherwise the CUDA backward says NOT_SUPPORTED. */
+ * A build configured with -DFA3C_CUDA_BWD=OFF leaves the kernels unused:
+ * the CUDA backward then says NOT_SUPPORTED. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -79,8 +77,8 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     const fa3c_problem *pr = &p->problem;
     if (!FA3C_CUDA_BWD)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA backward: its kernels have not yet been verified on a GPU, and this build leaves them "
-                          "off (configure with -DFA3C_CUDA_BWD=ON to try them; or use backend CPU)");
+                          "CUDA backward: this build leaves its kernels off (-DFA3C_CUDA_BWD=OFF; configure with "
+                          "-DFA3C_CUDA_BWD=ON, or use backend CPU)");
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))

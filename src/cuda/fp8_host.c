@@ -1,10 +1,8 @@
 /* The fp8 (e4m3) forward's host side: what it supports, the V transpose's
  * scratch, and the two launches (fp8_prep.cu, fwd_fp8_sm90.cuh) on the
- * caller's stream. backend.c hands E4M3 calls here.
- *
- * The kernels have not yet run on a GPU (loans were paused when they were
- * written): a build uses them only when configured with -DFA3C_CUDA_FP8=ON;
- * otherwise an E4M3 call on the CUDA backend says NOT_SUPPORTED. */
+ * caller's stream. backend.c hands E4M3 calls here. A build configured with
+ * -DFA3C_CUDA_FP8=OFF leaves the kernels unused: an E4M3 call on the CUDA
+ * backend then says NOT_SUPPORTED. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,8 +31,8 @@ fa3c_status fa3c_cuda_fwd_fp8_supported(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &p->problem;
     if (!FA3C_CUDA_FP8)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: the e4m3 kernels have not yet been verified on a GPU, and this build leaves "
-                          "them off (configure with -DFA3C_CUDA_FP8=ON to try them; or use backend CPU)");
+                          "CUDA forward: this build leaves the e4m3 kernels off (-DFA3C_CUDA_FP8=OFF; configure with "
+                          "-DFA3C_CUDA_FP8=ON, or use backend CPU)");
     if (!FA3C_FP8_HEADDIM_OK(pr->headdim))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: e4m3 with headdim %d is not supported yet (128, 256)",
                           pr->headdim);
