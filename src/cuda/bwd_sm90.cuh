@@ -252,42 +252,6 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
     }
 }
 
-// The same in two passes, for FA3C_BWD_OVERLAP (no softcap): Pᵀ alone,
-// while dPᵀ's GEMM may still run ...
-FA3C_DEVICE void probs_only(float *st, const float *lse_log2, const fa3c_bwd_kernel_params &p, const int lo[2],
-                            const int hi[2]) {
-    const int quad = threadIdx.x % 4;
-#pragma unroll
-    for (int j = 0; j < BWD_M / 8; j++) {
-        const float2 lse = *(const float2 *)&lse_log2[8 * j + 2 * quad];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int i = 4 * j + 2 * r + e;
-                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
-                st[i] = seen ? ex2f(st[i] * p.score_log2 - (e ? lse.y : lse.x)) : 0.f;
-            }
-    }
-}
-
-// ... then dSᵀ from Pᵀ and dPᵀ, while dV's GEMM may still run.
-FA3C_DEVICE void grads_only(float *dpt, const float *st, const float *dsum, const int lo[2], const int hi[2]) {
-    const int quad = threadIdx.x % 4;
-#pragma unroll
-    for (int j = 0; j < BWD_M / 8; j++) {
-        const float2 ds = *(const float2 *)&dsum[8 * j + 2 * quad];
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int i = 4 * j + 2 * r + e;
-                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
-                dpt[i] = seen ? st[i] * (dpt[i] - (e ? ds.y : ds.x)) : 0.f;   // V rows past the keys used may be NaN
-            }
-    }
-}
-
 // With seqused_k the K rows outside the keys used may hold anything, NaN
 // included, and dQ = dS·K multiplies them by dS = 0: this warpgroup's rows
 // of them are zeroed once, before any wgmma reads the tile (the caller's
@@ -396,8 +360,8 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 
 // ---- consumer ----------------------------------------------------------------------
 
-// SOFTCAP: p.softcap != 0, a copy of its own (a run-time branch between the
-// two orders inside the loop made ptxas serialize every wgmma at hdim 128).
+// SOFTCAP: p.softcap != 0, a copy of its own, picked once per CTA rather
+// than branched on inside the loop.
 template <int D, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
                               int wg) {
@@ -448,37 +412,18 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // dK += dSᵀ·Q, left in flight under the barrier and dQ.
         uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
         uint8_t *ds = sm.ds[it % 2];
-        if (FA3C_BWD_OVERLAP && !SOFTCAP) {   // Pᵀ under dPᵀ's GEMM, dSᵀ under dV's
-            wgmma_wait<1>();   // Sᵀ; dPᵀ may still run
-            bwd_fence_regs<BWD_M / 2>(st);
-            probs_only(st, sm.lse_log2[s], p, lo, hi);
-            probs_to_fragments<BWD_M, FP16>(st, p_frag);
-            wgmma_fence();
-            gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
-            wgmma_commit();
-            wgmma_wait<1>();   // dPᵀ; dV may still run
-            bwd_fence_regs<BWD_M / 2>(dpt);
-            grads_only(dpt, st, sm.dsum[s], lo, hi);
-            probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
-            store_ds(ds, ds_frag, wg, warp);
-            fence_proxy_async_smem();
-            wgmma_fence();
-            gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
-            wgmma_commit();
-        } else {
-            wgmma_wait<0>();
-            bwd_fence_regs<BWD_M / 2>(st);
-            bwd_fence_regs<BWD_M / 2>(dpt);
-            probs_and_grads<SOFTCAP>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
-            probs_to_fragments<BWD_M, FP16>(st, p_frag);
-            probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
-            store_ds(ds, ds_frag, wg, warp);
-            fence_proxy_async_smem();
-            wgmma_fence();
-            gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
-            gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
-            wgmma_commit();
-        }
+        wgmma_wait<0>();
+        bwd_fence_regs<BWD_M / 2>(st);
+        bwd_fence_regs<BWD_M / 2>(dpt);
+        probs_and_grads<SOFTCAP>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        probs_to_fragments<BWD_M, FP16>(st, p_frag);
+        probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
+        store_ds(ds, ds_frag, wg, warp);
+        fence_proxy_async_smem();
+        wgmma_fence();
+        gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
+        gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
+        wgmma_commit();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         float dq[32];
         wgmma_fence();

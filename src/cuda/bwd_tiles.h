@@ -22,13 +22,5 @@
 #define FA3C_BWD_PRODUCER_REGS 24
 #define FA3C_BWD_CONSUMER_REGS 240
 #define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (d) == 128)
-/* 1: per query block, Pᵀ is computed while dPᵀ's GEMM still runs, and dSᵀ
- * while dV's does (bwd_sm90.cuh; without softcap). 0: each GEMM group is
- * waited for before the element-wise work. Measured on an H100 (run 92,
- * bench_fwd_gpu --backward): the overlap was 0-1% slower at hdim 128 and
- * 2-5% slower at hdim 64, so 0. */
-#ifndef FA3C_BWD_OVERLAP
-#define FA3C_BWD_OVERLAP 0
-#endif
 
 #endif
