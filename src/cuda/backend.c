@@ -183,32 +183,6 @@ static const char *dtype_name(fa3c_dtype d) {
     return "?";
 }
 
-static fa3c_status check_tensor(const char *name, const fa3c_tensor *t) {
-    return fa3c_tensor_map_check_aligned(name, t);
-}
-
-/* The outer and row extents of the Q (and O) and K/V maps: per sequence
- * (batch, seqlen); packed sequences (cu_seqlens) as one batch of batch x
- * seqlen tokens, a bound (the true totals are device memory; the kernel's
- * boxes stay inside the sequences, fwd_tile.cuh); K/V pages (num_pages,
- * page_size). */
-static int packed_tokens(int batch, int seqlen) {   /* the kernel's coordinates are int32 */
-    int64_t n = (int64_t)batch * seqlen;
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
-static void tma_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *kv_outer, int *kv_rows) {
-    *q_outer = pr->cu_seqlens_q ? 1 : pr->batch;
-    *q_rows = pr->cu_seqlens_q ? packed_tokens(pr->batch, pr->seqlen_q) : pr->seqlen_q;
-    *kv_outer = pr->page_table ? pr->num_pages : pr->cu_seqlens_k ? 1 : pr->batch;
-    *kv_rows = pr->page_table ? pr->page_size : pr->cu_seqlens_k ? packed_tokens(pr->batch, pr->seqlen_k) : pr->seqlen_k;
-}
-
-/* Inputs are read with TMA: aligned, and strides in multiples of 16 bytes. */
-static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int outer, int seqlen, int heads) {
-    fa3c_status s = check_tensor(name, t);
-    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, outer, seqlen, heads);
-}
-
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &p->problem;
     if (pr->dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8_supported(p);   /* fp8_host.c */
@@ -243,11 +217,12 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     /* Q: per sequence, or packed (one batch of tokens, at most batch x seqlen_q of them);
      * K and V: per sequence (batch, seqlen_k), pages (num_pages, page_size) or packed. */
     int q_outer, q_rows, kv_outer, kv_rows;
-    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
+    fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     fa3c_status s;
-    if ((s = check_tma_input("q", &p->q, q_outer, q_rows, pr->heads_q)) ||
-        (s = check_tma_input("k", &p->k, kv_outer, kv_rows, pr->heads_kv)) ||
-        (s = check_tma_input("v", &p->v, kv_outer, kv_rows, pr->heads_kv)) || (s = check_tensor("out", &p->out)))
+    if ((s = fa3c_tensor_map_check_input("q", &p->q, 2, q_outer, q_rows, pr->heads_q)) ||
+        (s = fa3c_tensor_map_check_input("k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv)) ||
+        (s = fa3c_tensor_map_check_input("v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv)) ||
+        (s = fa3c_tensor_map_check_aligned("out", &p->out)))
         return s;
     for (int i = pr->cu_seqlens_q ? 1 : 0; i < 3; i++)   /* packed sequences: stride[0] is not used */
         if (p->out.stride[i] % 2 != 0)
@@ -296,7 +271,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     facts.block_n = block_n;
     facts.cluster = *inst->cluster;   /* e.g. the main hdim-256 instances: 2 (fwd_tiles.h, FA3C_FWD_CLUSTER_256) */
     int q_outer, q_rows, kv_outer, kv_rows;
-    tma_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
+    fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     int pack = fa3c_fwd_plan_pack(pr, block_m);
     if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, pack, pr->headdim,
                                            cols, block_m) != FA3C_STATUS_OK)

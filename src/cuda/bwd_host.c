@@ -45,23 +45,6 @@ static const bwd_instance *find_bwd(const fa3c_problem *pr) {
     return NULL;
 }
 
-/* The maps' (outer, rows) extents: (batch, seqlen), or for packed
- * sequences one batch of batch x seqlen tokens, a bound (the true totals
- * are in device memory; the kernel's boxes stay inside their sequences or
- * before them: fa3c_bwd_rows_start). */
-static void tma_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *k_outer, int *k_rows) {
-    *q_outer = pr->cu_seqlens_q ? 1 : pr->batch;
-    *q_rows = pr->cu_seqlens_q ? pr->batch * pr->seqlen_q : pr->seqlen_q;   /* < 2^31: checked */
-    *k_outer = pr->cu_seqlens_k ? 1 : pr->batch;
-    *k_rows = pr->cu_seqlens_k ? pr->batch * pr->seqlen_k : pr->seqlen_k;
-}
-
-/* Read with TMA: aligned, strides in multiples of 16 bytes. */
-static fa3c_status check_tma_input(const char *name, const fa3c_tensor *t, int batch, int seqlen, int heads) {
-    fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
-    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, 2, batch, seqlen, heads);
-}
-
 /* dk and dv leave as pairs of 16-bit values (4-byte stores). */
 static fa3c_status check_pair_output(const char *name, const fa3c_tensor *t) {
     fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
@@ -95,11 +78,11 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
     fa3c_status s;
     int q_outer, q_rows, k_outer, k_rows;
-    tma_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);
-    if ((s = check_tma_input("q", &p->q, q_outer, q_rows, pr->heads_q)) ||
-        (s = check_tma_input("k", &p->k, k_outer, k_rows, pr->heads_kv)) ||
-        (s = check_tma_input("v", &p->v, k_outer, k_rows, pr->heads_kv)) ||
-        (s = check_tma_input("dout", &p->dout, q_outer, q_rows, pr->heads_q)) ||
+    fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
+    if ((s = fa3c_tensor_map_check_input("q", &p->q, 2, q_outer, q_rows, pr->heads_q)) ||
+        (s = fa3c_tensor_map_check_input("k", &p->k, 2, k_outer, k_rows, pr->heads_kv)) ||
+        (s = fa3c_tensor_map_check_input("v", &p->v, 2, k_outer, k_rows, pr->heads_kv)) ||
+        (s = fa3c_tensor_map_check_input("dout", &p->dout, 2, q_outer, q_rows, pr->heads_q)) ||
         (s = check_pair_output("dk", &p->dk)) || (s = check_pair_output("dv", &p->dv)))
         return s;
     return FA3C_STATUS_OK;
@@ -113,7 +96,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     fa3c_status s;
     memset(k, 0, sizeof *k);
     int q_outer, q_rows, k_outer, k_rows;
-    tma_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);
+    fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
     if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, FA3C_BWD_BLOCK_M)) ||
         (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64,
                                   FA3C_BWD_BLOCK_M)) ||

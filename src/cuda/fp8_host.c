@@ -45,10 +45,8 @@ fa3c_status fa3c_cuda_fwd_fp8_supported(const fa3c_fwd_params *p) {
     if (pr->batch > 65535 || pr->heads_q > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: e4m3 needs batch and heads of at most 65535");
     fa3c_status s;
-    if ((s = fa3c_tensor_map_check_aligned("q", &p->q)) ||
-        (s = fa3c_tensor_map_check("q", &p->q, 1, pr->batch, pr->seqlen_q, pr->heads_q)) ||
-        (s = fa3c_tensor_map_check_aligned("k", &p->k)) ||
-        (s = fa3c_tensor_map_check("k", &p->k, 1, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
+    if ((s = fa3c_tensor_map_check_input("q", &p->q, 1, pr->batch, pr->seqlen_q, pr->heads_q)) ||
+        (s = fa3c_tensor_map_check_input("k", &p->k, 1, pr->batch, pr->seqlen_k, pr->heads_kv)) ||
         (s = fa3c_tensor_map_check_aligned("out", &p->out)))
         return s;
     for (int i = 0; i < 3; i++)   /* bf16 pairs leave as 4-byte stores */

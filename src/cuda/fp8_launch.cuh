@@ -3,29 +3,20 @@
 #include <cuda_runtime.h>
 #include "fwd_fp8_sm90.cuh"
 #include "backend.h"
+#include "launch_check.cuh"
 
 template <int D>
 static fa3c_status launch_fwd_fp8(const fa3c_fp8_kernel_params *p, cudaStream_t stream) {
     const size_t smem = fwd_fp8_smem_bytes<D>();
-    cudaError_t e = cudaFuncSetAttribute(fwd_fp8_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "fp8 forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
-                          smem, cudaGetErrorString(e));
-    // setmaxnreg shares out the CTA's launch allocation (fwd_launch.cuh). Asked once.
     static int launch_regs = -1;
-    if (launch_regs < 0) {
-        cudaFuncAttributes attr;
-        launch_regs = cudaFuncGetAttributes(&attr, fwd_fp8_kernel<D>) == cudaSuccess ? attr.numRegs : 0;
-        cudaGetLastError();
-    }
     const int budget = 128 * FA3C_FP8_PRODUCER_REGS + 256 * FA3C_FP8_CONSUMER_REGS;
-    if (launch_regs > 0 && launch_regs * FA3C_FP8_THREADS < budget)
-        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "fp8 forward kernel (hdim %d): %d registers per thread at "
-                          "launch, fewer than its setmaxnreg budgets need (%d in all)", D, launch_regs, budget);
+    fa3c_status s = prepare_launch(fwd_fp8_kernel<D>, smem, FA3C_FP8_THREADS, budget, &launch_regs, "fp8 forward kernel",
+                                   D);
+    if (s != FA3C_STATUS_OK) return s;
     const dim3 grid((unsigned)((p->seqlen_q + FA3C_FP8_BLOCK_M - 1) / FA3C_FP8_BLOCK_M), (unsigned)p->heads_q,
                     (unsigned)p->batch);
     fwd_fp8_kernel<D><<<grid, FA3C_FP8_THREADS, smem, stream>>>(*p);
-    e = cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "fp8 forward kernel (hdim %d) launch failed: %s", D,
                           cudaGetErrorString(e));

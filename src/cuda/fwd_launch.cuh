@@ -5,6 +5,7 @@
 #include <string.h>
 #include "fwd_sm90.cuh"
 #include "backend.h"
+#include "launch_check.cuh"
 
 #if FA3C_FWD_TRACE
 #include <stdio.h>
@@ -79,29 +80,17 @@ static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t sm
 template <int D, int BLOCK_N, int FP16, bool VARLEN>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
     size_t smem = fwd_smem_bytes<D, BLOCK_N>();
-    cudaError_t e = cudaFuncSetAttribute(fwd_kernel<D, BLOCK_N, FP16, VARLEN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess)
-        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "forward kernel (hdim %d): setting %zu B of smem failed: %s", D,
-                          smem, cudaGetErrorString(e));
     // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
     // The plan (C, backend.c) and the kernel (CUDA) must agree on clusters:
     // a pairing plan on an unpaired kernel would wait for half-loaded tiles.
     if (p->cluster > FA3C_FWD_CLUSTER)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
                           "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
-    // The registers setmaxnreg shares out are the CTA's launch allocation:
-    // fewer than the budgets (ptxas chose fewer per thread than the launch
-    // bounds allow) would hang the kernel. Asked once per instance.
     static int launch_regs = -1;
-    if (launch_regs < 0) {
-        cudaFuncAttributes attr;
-        launch_regs = cudaFuncGetAttributes(&attr, fwd_kernel<D, BLOCK_N, FP16, VARLEN>) == cudaSuccess ? attr.numRegs : 0;
-        cudaGetLastError();
-    }
-    if (launch_regs > 0 && launch_regs * FA3C_FWD_THREADS(D) < RegBudget<D, VARLEN>::TOTAL)
-        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): %d registers per thread at launch, "
-                          "fewer than its setmaxnreg budgets need (%d in all)", D, launch_regs,
-                          (int)RegBudget<D, VARLEN>::TOTAL);
+    fa3c_status s = prepare_launch(fwd_kernel<D, BLOCK_N, FP16, VARLEN>, smem, FA3C_FWD_THREADS(D),
+                                   (int)RegBudget<D, VARLEN>::TOTAL, &launch_regs, "forward kernel", D);
+    if (s != FA3C_STATUS_OK) return s;
+    cudaError_t e;
     trace_clear(stream);
     if (FA3C_FWD_CLUSTER > 1) {
         e = launch_in_clusters<D, BLOCK_N, FP16, VARLEN>(p, smem, stream);

@@ -46,6 +46,24 @@ fa3c_status fa3c_tensor_map_check_aligned(const char *name, const fa3c_tensor *t
     return FA3C_STATUS_OK;
 }
 
+static int packed_tokens(int batch, int seqlen) {   /* the kernels' coordinates are int32 */
+    int64_t n = (int64_t)batch * seqlen;
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+void fa3c_tensor_map_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *kv_outer, int *kv_rows) {
+    *q_outer = pr->cu_seqlens_q ? 1 : pr->batch;
+    *q_rows = pr->cu_seqlens_q ? packed_tokens(pr->batch, pr->seqlen_q) : pr->seqlen_q;
+    *kv_outer = pr->page_table ? pr->num_pages : pr->cu_seqlens_k ? 1 : pr->batch;
+    *kv_rows = pr->page_table ? pr->page_size : pr->cu_seqlens_k ? packed_tokens(pr->batch, pr->seqlen_k) : pr->seqlen_k;
+}
+
+fa3c_status fa3c_tensor_map_check_input(const char *name, const fa3c_tensor *t, int elem_bytes, int batch, int seqlen,
+                                        int heads) {
+    fa3c_status s = fa3c_tensor_map_check_aligned(name, t);
+    return s != FA3C_STATUS_OK ? s : fa3c_tensor_map_check(name, t, elem_bytes, batch, seqlen, heads);
+}
+
 fa3c_status fa3c_tensor_map_check(const char *name, const fa3c_tensor *t, int elem_bytes, int batch, int seqlen,
                                   int heads) {
     cuuint64_t strides[3];

@@ -32,6 +32,19 @@ fa3c_status fa3c_tensor_map_groups(CUtensorMap *map, const char *name, const fa3
 fa3c_status fa3c_tensor_map_f32_rows(CUtensorMap *map, const char *name, void *data, int64_t cols, int64_t rows,
                                      int box_cols);
 
+/* The outer and row extents of the Q-like (q, out, dout) and K/V maps of a
+ * problem: per sequence (batch, seqlen); packed sequences (cu_seqlens) as one
+ * batch of batch x seqlen tokens, a bound clamped to int32 (the true totals
+ * are device memory; the kernels' boxes stay inside their sequences); K/V
+ * pages (num_pages, page_size). */
+void fa3c_tensor_map_extents(const fa3c_problem *pr, int *q_outer, int *q_rows, int *kv_outer, int *kv_rows);
+
+/* A TMA input of elem_bytes-sized elements: 16-byte aligned
+ * (fa3c_tensor_map_check_aligned) and strides TMA can take
+ * (fa3c_tensor_map_check). */
+fa3c_status fa3c_tensor_map_check_input(const char *name, const fa3c_tensor *t, int elem_bytes, int batch, int seqlen,
+                                        int heads);
+
 /* NOT_SUPPORTED (with a message naming `name`) unless t->data is 16-byte
  * aligned, as TMA and the kernels' vector stores need. */
 fa3c_status fa3c_tensor_map_check_aligned(const char *name, const fa3c_tensor *t);
