@@ -71,4 +71,14 @@ static inline double fa3c_score(const fa3c_problem *pr, double qk) {
     return pr->softcap > 0 ? pr->softcap * tanh(s / pr->softcap) : s;
 }
 
+/* fa3c_score as the GPU kernels apply it, shared by the forward and backward
+ * hosts so that the backward recomputes exactly the forward's P: the raw q·k
+ * (or softcap · tanh(q·k · softcap_pre), then in natural units) times
+ * score_log2 is the exponent in base 2. softcap_pre is 0 without softcap. */
+static inline void fa3c_score_log2_factors(const fa3c_problem *pr, float *score_log2, float *softcap_pre) {
+    const float log2e = 1.4426950408889634f;
+    *score_log2 = pr->softcap > 0.f ? log2e : pr->softmax_scale * log2e;
+    *softcap_pre = pr->softcap > 0.f ? pr->softmax_scale / pr->softcap : 0.f;
+}
+
 #endif

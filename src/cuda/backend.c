@@ -13,6 +13,7 @@
 #include "fwd_plan.h"
 #include "fwd_tiles.h"
 #include "instances.h"
+#include "problem.h"
 #include "tensor_map.h"
 
 typedef struct {
@@ -303,15 +304,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_tma = k.num_splits == 1 && pr->headdim % 64 == 0 && 64 % k.pack == 0 &&
                 fa3c_tensor_map_groups(&k.o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k.pack,
                                        pr->headdim, 64, 64) == FA3C_STATUS_OK;
-    const float log2e = 1.4426950408889634f;
-    if (pr->softcap > 0.f) {
-        /* s = softcap * tanh(qk * scale / softcap) is already in natural units. */
-        k.softcap = pr->softcap;
-        k.softcap_pre = pr->softmax_scale / pr->softcap;
-        k.score_log2 = log2e;
-    } else {
-        k.score_log2 = pr->softmax_scale * log2e;
-    }
+    k.softcap = pr->softcap;   /* 0 = off (validated >= 0) */
+    fa3c_score_log2_factors(pr, &k.score_log2, &k.softcap_pre);
     last_cluster = k.cluster;
     last_num_splits = k.num_splits;
     last_paged_copies = k.k_data != NULL;

@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "bwd_prep.h"
 #include "bwd_tiles.h"
+#include "problem.h"
 #include "tensor_map.h"
 
 #ifndef FA3C_CUDA_BWD
@@ -118,12 +119,8 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     memcpy(k->dk_stride, p->dk.stride, sizeof k->dk_stride);
     memcpy(k->dv_stride, p->dv.stride, sizeof k->dv_stride);
     k->softmax_scale = pr->softmax_scale;
-    k->score_log2 = (float)(pr->softmax_scale * 1.4426950408889634);
-    if (pr->softcap > 0.f) {   /* as the forward (backend.c): s = softcap · tanh(q·k · scale / softcap) */
-        k->softcap = pr->softcap;
-        k->softcap_pre = pr->softmax_scale / pr->softcap;
-        k->score_log2 = 1.4426950408889634f;
-    }
+    k->softcap = pr->softcap;   /* 0 = off (validated >= 0) */
+    fa3c_score_log2_factors(pr, &k->score_log2, &k->softcap_pre);   /* as the forward's */
     k->window_left = pr->window_left;
     k->window_right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
     return FA3C_STATUS_OK;
