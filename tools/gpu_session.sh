@@ -12,7 +12,8 @@
 # cluster tests; one call may last 600 s at most),
 # GRID=1, CLUSTER=1 (tools/gpu_cluster.sh: the cluster build's tests), NEW=1
 # (tools/gpu_bwd_fp8.sh: the backward's and the fp8 forward's tests and
-# benchmark), TUNE_ROUNDS,
+# benchmark), BWD_PROFILE="64 128" (tools/gpu_profile.sh on the backward of
+# those head dims, bf16, 8k, non-causal: $OUT/prof_bwd<hdim>.tar.gz), TUNE_ROUNDS,
 # TUNE_TIMEOUT (seconds for the A/B part, default 300), and gpu_tune.sh's
 # TUNE_INSTANCES / TUNE_BENCH_ARGS.
 set -u
@@ -49,6 +50,15 @@ if [ "${NEW:-0}" = 1 ]; then
   timeout 560 bash tools/gpu_bwd_fp8.sh >"$OUT/new_stdout.txt" 2>&1
   echo "== backward and fp8 rc=$?"
 fi
+for d in ${BWD_PROFILE:-}; do
+  other=$([ "$d" = 64 ] && echo 128 || echo 64)
+  OUT="$OUT/prof_bwd$d" PROFILE_INSTANCES="bf16_hdim$d;bf16_hdim$other" PROFILE_KERNEL=bwd_kernel PROFILE_OBJ=bwd \
+    timeout 200 bash tools/gpu_profile.sh --backward --hdim "$d" --heads $((2048 / d)) \
+    >"$OUT/prof_bwd$d.txt" 2>&1
+  echo "== backward profile hdim $d rc=$?"
+  grep -E "^ncu rc|^ +[A-Z]" "$OUT/prof_bwd$d.txt" | head -20
+  (cd "$OUT" && tar czf "prof_bwd$d.tar.gz" "prof_bwd$d" "prof_bwd$d.txt" && rm -rf "prof_bwd$d" "prof_bwd$d.txt")
+done
 if [ $# -gt 0 ]; then
   TUNE_ROUNDS=${TUNE_ROUNDS:-3} timeout "${TUNE_TIMEOUT:-300}" bash tools/gpu_tune.sh "$@" >"$OUT/tune_stdout.txt" 2>&1
   echo "== tune rc=$?"
@@ -61,7 +71,7 @@ fi
 [ -f "$OUT/new_stdout.txt" ] && cat "$OUT/new_stdout.txt"
 [ -f "$OUT/tune_stdout.txt" ] && { grep -E "^variant" "$OUT/tune_stdout.txt"; [ -f "$OUT/tune_summary.txt" ] && cat "$OUT/tune_summary.txt" || tail -14 "$OUT/tune_stdout.txt"; }
 # At most 8 files come back from the machine: keep the ones read first, pack the rest.
-(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|cluster_stdout\.txt|new_stdout\.txt|decode|grid)$' &&
+(cd "$OUT" && keep='^(check_stdout\.txt|gpu_tests\.log|tune_summary\.txt|bench_fwd_gpu\.log|cluster_stdout\.txt|new_stdout\.txt|decode|grid|prof_bwd[0-9]+\.tar\.gz)$' &&
   rest="$(ls | grep -vE "$keep|^session_logs\.tar\.gz$") $(ls decode/results.json decode/plot.png grid/plot.png 2>/dev/null; true)" &&
   { [ -z "${rest// /}" ] || { tar czf session_logs.tar.gz $rest && rm -rf $rest; }; })
 exit 0

@@ -42,7 +42,8 @@ static const bwd_instance bwd_instances[] = {
 
 static const bwd_instance *find_bwd(const fa3c_problem *pr) {
     for (size_t i = 0; bwd_instances[i].launch; i++)
-        if (bwd_instances[i].dtype == pr->dtype && bwd_instances[i].headdim == pr->headdim) return &bwd_instances[i];
+        if (bwd_instances[i].dtype == pr->dtype && bwd_instances[i].headdim == FA3C_BWD_KERNEL_HEADDIM(pr->headdim))
+            return &bwd_instances[i];
     return NULL;
 }
 
@@ -66,11 +67,12 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported yet (64, 128)",
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported yet (64, 96, 128)",
                           pr->headdim);
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
-                          "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16", pr->headdim);
+                          "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16",
+                          FA3C_BWD_KERNEL_HEADDIM(pr->headdim));
     if ((pr->cu_seqlens_q && (int64_t)pr->batch * pr->seqlen_q > INT32_MAX) ||
         (pr->cu_seqlens_k && (int64_t)pr->batch * pr->seqlen_k > INT32_MAX))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: packed sequences (cu_seqlens) of batch x seqlen "
@@ -98,9 +100,9 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     memset(k, 0, sizeof *k);
     int q_outer, q_rows, k_outer, k_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
-    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, FA3C_BWD_BLOCK_M)) ||
+    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, FA3C_BWD_BLOCK_M(d))) ||
         (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64,
-                                  FA3C_BWD_BLOCK_M)) ||
+                                  FA3C_BWD_BLOCK_M(d))) ||
         (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)) ||
         (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)))
         return s;
@@ -112,6 +114,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->seqlen_k = pr->seqlen_k;
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
+    k->headdim = d;
     k->group = pr->heads_q / pr->heads_kv;
     k->rows_pad = rows_pad;
     k->dk = p->dk.data;
@@ -131,16 +134,17 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
     const int d = pr->headdim, fp16 = pr->dtype == FA3C_DTYPE_FP16;
-    const int rows_pad = (pr->seqlen_q + FA3C_BWD_BLOCK_M - 1) / FA3C_BWD_BLOCK_M * FA3C_BWD_BLOCK_M;
+    const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(d), block_m = FA3C_BWD_BLOCK_M(kernel_d);
+    const int rows_pad = (pr->seqlen_q + block_m - 1) / block_m * block_m;
     fa3c_bwd_kernel_params k;
     if ((s = fill_kernel_params(&k, p, rows_pad)) != FA3C_STATUS_OK) return s;
 
     /* Scratch, stream-ordered: dq_accum (fp32) and with deterministic = 1 the
      * dQ turn counters, both zeroed; then lse_log2 and dsum. Every part is a
-     * multiple of 256 bytes (rows_pad is a multiple of 64). */
+     * multiple of 256 bytes (rows_pad is a multiple of the block's 64 or 128 rows). */
     const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;
-    const size_t accum_bytes = rows * d * sizeof(float), row_bytes = rows * sizeof(float);
-    const size_t sem_bytes = p->deterministic ? rows / FA3C_BWD_BLOCK_M * sizeof(int) : 0;
+    const size_t accum_bytes = rows * kernel_d * sizeof(float), row_bytes = rows * sizeof(float);
+    const size_t sem_bytes = p->deterministic ? rows / block_m * sizeof(int) : 0;
     const size_t zeroed = accum_bytes + (sem_bytes + 255) / 256 * 256, total = zeroed + 2 * row_bytes;
     void *ws = NULL;
     cudaError_t e = cudaMallocAsync(&ws, total, (cudaStream_t)stream);
@@ -151,15 +155,15 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
                           cudaGetErrorString(e));
     }
     if ((s = fa3c_tensor_map_f32_rows(&k.lse_map, "lse (log2, scratch)", (char *)ws + zeroed, rows_pad,
-                                      (int64_t)pr->batch * pr->heads_q, FA3C_BWD_BLOCK_M)) ||
+                                      (int64_t)pr->batch * pr->heads_q, block_m)) ||
         (s = fa3c_tensor_map_f32_rows(&k.dsum_map, "dsum (scratch)", (char *)ws + zeroed + row_bytes, rows_pad,
-                                      (int64_t)pr->batch * pr->heads_q, FA3C_BWD_BLOCK_M))) {
+                                      (int64_t)pr->batch * pr->heads_q, block_m))) {
         cudaFreeAsync(ws, (cudaStream_t)stream);
         return s;
     }
     k.dq_accum = (float *)ws;
     k.dq_semaphore = p->deterministic ? (int *)((char *)ws + accum_bytes) : NULL;
-    k.num_m_blocks = rows_pad / FA3C_BWD_BLOCK_M;
+    k.num_m_blocks = rows_pad / block_m;
     k.lse_log2 = (float *)((char *)ws + zeroed);
     k.dsum = (float *)((char *)ws + zeroed + row_bytes);
 
@@ -180,7 +184,9 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.seqlen_q = pr->seqlen_q;
     prep.heads_q = pr->heads_q;
     prep.headdim = d;
+    prep.accum_cols = kernel_d;
     prep.rows_pad = rows_pad;
+    prep.block_m = block_m;
     prep.softmax_scale = pr->softmax_scale;
 
     e = cudaMemsetAsync(ws, 0, zeroed, (cudaStream_t)stream);

@@ -13,18 +13,18 @@ extern "C" {
 
 typedef struct fa3c_bwd_kernel_params {
     /* 128B-swizzled boxes of 64 columns: K and V of FA3C_BWD_BLOCK_N rows,
-     * Q and dO of FA3C_BWD_BLOCK_M rows; rows past the end read as zeros.
+     * Q and dO of FA3C_BWD_BLOCK_M(headdim) rows; rows past the end read as zeros.
      * Packed sequences (cu_seqlens): one batch of batch x seqlen tokens (a
      * bound; every box stays inside its sequence or before it:
      * fa3c_bwd_rows_start). */
     CUtensorMap q_map, k_map, v_map, do_map;
     /* lse_log2 and dsum below as (batch x heads_q rows of rows_pad floats),
-     * boxes of FA3C_BWD_BLOCK_M x 1 (compute-sanitizer's racecheck did not
+     * boxes of FA3C_BWD_BLOCK_M(headdim) x 1 (compute-sanitizer's racecheck did not
      * follow the plain bulk copies these replaced). */
     CUtensorMap lse_map, dsum_map;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;   /* seqlen_*: the longest sequence's */
     int group;                 /* heads_q / heads_kv: one CTA walks the query heads of its K/V head */
-    int rows_pad;              /* seqlen_q rounded up to FA3C_BWD_BLOCK_M: the row count of the scratch */
+    int rows_pad;              /* seqlen_q rounded up to FA3C_BWD_BLOCK_M(headdim): the row count of the scratch */
     /* Variable length (NULL = fixed): batch + 1 prefix sums of the query /
      * key counts, and the keys used per sequence, device memory (the API's). */
     const int *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
@@ -35,7 +35,8 @@ typedef struct fa3c_bwd_kernel_params {
      *             sequence and for rows a shifted block shares with the block before (so P = 0);
      *   dsum      rowsum(dO ⊙ O), 0 on those rows (bwd_prep.cu);
      * dq_accum's row q is query q: zeroed, then += dS·K (unscaled) by every
-     * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq. */
+     * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq.
+     * Its rows are the kernel's head dim wide (128 for hdim 96). */
     const float *lse_log2, *dsum;
     float *dq_accum;
     /* deterministic = 1 (NULL otherwise): per (batch, head, query block) the
@@ -44,7 +45,7 @@ typedef struct fa3c_bwd_kernel_params {
      * for its turn (bwd_sm90.cuh, add_dq_in_turn), so dq's sums are
      * bitwise reproducible. */
     int *dq_semaphore;
-    int num_m_blocks;          /* rows_pad / FA3C_BWD_BLOCK_M */
+    int num_m_blocks;          /* rows_pad / FA3C_BWD_BLOCK_M(headdim) */
     /* dk (scaled by softmax_scale) and dv, written by the main kernel:
      * element strides (batch, seqlen, heads), all even, headdim stride 1. */
     void *dk, *dv;
@@ -60,6 +61,7 @@ typedef struct fa3c_bwd_kernel_params {
     /* -1 = unbounded; causal is right = 0 (bottom-right aligned per sequence:
      * the kernel turns them into a band of key - query offsets, BwdSeq). */
     int window_left, window_right;
+    int headdim;               /* the tensors' (96 on hdim 128's kernel: dk, dv columns past it are not written) */
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has
@@ -75,6 +77,8 @@ typedef struct fa3c_bwd_prep_params {
     void *dq;
     int64_t dq_stride[3];
     int batch, seqlen_q, heads_q, headdim, rows_pad;
+    int block_m;               /* FA3C_BWD_BLOCK_M: the main kernel's query block */
+    int accum_cols;            /* dq_accum's row length: the kernel's head dim (128 for hdim 96) */
     float softmax_scale;
 } fa3c_bwd_prep_params;
 

@@ -43,16 +43,16 @@ static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params 
 }
 
 // Grid: (rows_pad / ROWS_PER_CTA, heads_q, batch). Scratch row `row` is row
-// row % 64 of query block row / 64's smem tile, which holds query
+// row % block_m of query block row / block_m's smem tile, which holds query
 // fa3c_bwd_rows_start(...) + row % 64 (bwd_params.h): rows outside the
 // sequence, or owned by the block before, get lse_log2 = +inf and dsum = 0.
 template <int FP16>
 __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
     const int row = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int head = blockIdx.y, batch = blockIdx.z, block = row / FA3C_BWD_BLOCK_M;
+    const int head = blockIdx.y, batch = blockIdx.z, block = row / p.block_m;
     const PrepRow s = prep_sequence(p, batch);
-    const int q = fa3c_bwd_rows_start(block, FA3C_BWD_BLOCK_M, s.sq, p.cu_seqlens_q != nullptr) + row % FA3C_BWD_BLOCK_M;
-    const bool valid = q >= block * FA3C_BWD_BLOCK_M && q < s.sq;
+    const int q = fa3c_bwd_rows_start(block, p.block_m, s.sq, p.cu_seqlens_q != nullptr) + row % p.block_m;
+    const bool valid = q >= block * p.block_m && q < s.sq;
     float sum = 0.f;
     if (valid) {
         const int64_t o = row_offset(p, p.out_stride, batch, s.tok, q, head);
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_dq_kernel(const fa3c_bw
     const int head = blockIdx.y, batch = blockIdx.z;
     const PrepRow s = prep_sequence(p, batch);
     if (q >= s.sq) return;
-    const float *acc = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + q) * p.headdim;
+    const float *acc = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + q) * p.accum_cols;
     const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head);
     for (int c = lane; c < p.headdim; c += 32) store16<FP16>(p.dq, o + c, acc[c] * p.softmax_scale);
 }

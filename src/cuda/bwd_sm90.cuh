@@ -2,8 +2,8 @@
 // 64 and 128: bwd_tiles.h).
 //
 // One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
-// query blocks (BLOCK_M = 64 rows) that see any of them, for each query
-// head of the GQA group:
+// query blocks (M = BLOCK_M(D) rows: 128 at hdim 64, 64 at hdim 128) that
+// see any of them, for each query head of the GQA group:
 //   warpgroup 0  producer: one thread loads K and V once, then streams Q,
 //                dO and the rows' LSE and dsum = rowsum(dO ⊙ O) through a
 //                ring of STAGES smem slots (TMA, mbarriers);
@@ -23,10 +23,13 @@
 // computes dsum and the LSE in log2 units before, and turns the fp32 dQ
 // into dq after.
 //
-// dQ's split between the warpgroups: at hdim 128 each takes 64 of the
-// columns over all 128 keys (both warpgroups' dS: a named barrier); at hdim
-// 64 each takes all 64 columns over its own 64 keys (twice the atomics,
-// but every wgmma is m64n64 and its B operand whole 128-byte rows).
+// dQ's split between the warpgroups (gemm_dq), over all 128 keys (both
+// warpgroups' dS: a named barrier), so each dQ element is added once per
+// key block: at hdim 128 each takes 64 of the columns of the 64 query rows;
+// at hdim 64 with 128-row blocks each takes 64 of the query rows, all 64
+// columns. (hdim 64 with 64-row blocks, FA3C_BWD_HDIM64_BLOCK_M=64: each
+// takes all columns over its own 64 keys, twice the atomics.) Every dQ
+// wgmma is m64n64 on whole 128-byte rows.
 #pragma once
 #include <limits.h>
 #include "ptx.cuh"
@@ -41,7 +44,6 @@
 enum BwdNamedBarrier { BAR_BWD_DS_READY = 1, BAR_BWD_DQ_TURN = 2 };
 
 enum {
-    BWD_M = FA3C_BWD_BLOCK_M,
     BWD_N = FA3C_BWD_BLOCK_N,
     BWD_STAGES = FA3C_BWD_STAGES,
     BWD_ROW_BYTES = 128,              // tiles are column chunks of 64 elements, 128-byte swizzle
@@ -62,17 +64,18 @@ struct BwdSeq {
 };
 
 // Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
-// boxes land (fwd_smem.cuh's layout); dS is one chunk: 128 key rows of 64
-// queries (MN-major A of dQ = dS·K).
+// boxes land (fwd_smem.cuh's layout); dS as M / 64 chunks of 128 key rows
+// of 64 queries (MN-major A of dQ = dS·K).
 template <int D>
 struct BwdSmem {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
     alignas(1024) uint8_t k[BWD_N * D * 2];
     alignas(1024) uint8_t v[BWD_N * D * 2];
-    alignas(1024) uint8_t q[BWD_STAGES][BWD_M * D * 2];
-    alignas(1024) uint8_t dout[BWD_STAGES][BWD_M * D * 2];
-    alignas(1024) uint8_t ds[2][BWD_N * BWD_M * 2];   // two buffers: one barrier per query block
-    alignas(128) float lse_log2[BWD_STAGES][BWD_M];
-    alignas(128) float dsum[BWD_STAGES][BWD_M];
+    alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
+    alignas(1024) uint8_t dout[BWD_STAGES][M * D * 2];
+    alignas(1024) uint8_t ds[2][BWD_N * M * 2];   // two buffers: one barrier per query block
+    alignas(128) float lse_log2[BWD_STAGES][M];
+    alignas(128) float dsum[BWD_STAGES][M];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
     BwdSeq seq;
@@ -80,23 +83,23 @@ struct BwdSmem {
 
 FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
 
-// Query blocks [m_begin, m_end) with a row that sees one of this CTA's own
-// keys [n_block BWD_N, + BWD_N) (empty under a causal mask or window that
-// hides them from every query, or when they are past the keys used). This
-// and the other host-device index functions here are checked against brute
-// force on the CPU (tests/gpu/cpu_kernel_math.cu).
-FA3C_HOST_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int &m_begin, int &m_end) {
+// Query blocks (of block_m rows) [m_begin, m_end) with a row that sees one
+// of this CTA's own keys [n_block BWD_N, + BWD_N) (empty under a causal
+// mask or window that hides them from every query, or when they are past
+// the keys used). This and the other host-device index functions here are
+// checked against brute force on the CPU (tests/gpu/cpu_kernel_math.cu).
+FA3C_HOST_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int block_m, int &m_begin, int &m_end) {
     const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)q.sk) - 1;
     const long long i_min = max(k_first - q.rel_hi, 0ll), i_max = min(k_last - q.rel_lo, (long long)q.sq - 1);
     if (k_first > k_last || i_min > i_max) {
         m_begin = m_end = 0;
         return;
     }
-    m_begin = (int)(i_min / BWD_M);
-    m_end = (int)(i_max / BWD_M) + 1;
+    m_begin = (int)(i_min / block_m);
+    m_end = (int)(i_max / block_m) + 1;
 }
 
-FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch) {
+FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch, int block_m) {
     BwdSeq q;
     q.q_tok0 = q.k_tok0 = 0;
     q.sq = p.seqlen_q;
@@ -111,7 +114,7 @@ FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_bloc
     const long long diag = (long long)q.sk - q.sq;   // bottom-right aligned, per sequence (src/problem.h)
     q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;
     q.rel_hi = p.window_right >= 0 ? clamp_to_int(diag + p.window_right) : INT_MAX;
-    bwd_query_blocks(q, n_block, q.m_begin, q.m_end);
+    bwd_query_blocks(q, n_block, block_m, q.m_begin, q.m_end);
     return q;
 }
 
@@ -131,6 +134,7 @@ FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *b
 
 template <int D>
 FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int head_kv, int batch) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end);
     if (m_begin >= m_end) return;
     const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
@@ -142,55 +146,60 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
         for (int m = m_begin; m < m_end; m++, it++) {
             const int s = it % BWD_STAGES;
-            const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, BWD_M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
+            const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
             if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
-            mbar_arrive_expect_tx(&sm.full[s], 2 * BWD_M * D * 2 + 2 * BWD_M * 4);
-            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
-            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], BWD_M, row0, head, BWD_SEQ(sm, q_batch));
-            tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * BWD_M, row);
-            tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * BWD_M, row);
+            mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
+            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+            tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
+            tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
         }
     }
 }
 
 // ---- consumer GEMMs ----------------------------------------------------------------
 
-// acc(64 keys x 64 queries) = X(this warpgroup's 64 rows of the K or V
+// acc(64 keys x M queries) = X(this warpgroup's 64 rows of the K or V
 // tile) · Y(the Q or dO slot)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
 template <int D, int FP16>
 FA3C_DEVICE void gemm_keys_by_rows(float *acc, const uint8_t *x, const uint8_t *y, int wg) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
     const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + wg * 64 * BWD_ROW_BYTES, 16, BWD_ATOM_BYTES, 128);
     const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
-        wgmma_ss<BWD_M, FP16>(acc, smem_desc_advance(x_desc, chunk * BWD_N * BWD_ROW_BYTES + in_row),
-                              smem_desc_advance(y_desc, chunk * BWD_M * BWD_ROW_BYTES + in_row), kk > 0);
+        wgmma_ss<M, FP16>(acc, smem_desc_advance(x_desc, chunk * BWD_N * BWD_ROW_BYTES + in_row),
+                          smem_desc_advance(y_desc, chunk * M * BWD_ROW_BYTES + in_row), kk > 0);
     }
 }
 
-// acc(64 keys x D) += A(64 keys x 64 queries, registers) · Y(the Q or dO
-// slot, 64 x D, MN-major: a k-step is 16 rows), as the forward's O += P·V.
+// acc(64 keys x D) += A(64 keys x M queries, registers) · Y(the Q or dO
+// slot, M x D, MN-major: a k-step is 16 rows), as the forward's O += P·V.
 template <int D, int FP16>
 FA3C_DEVICE void gemm_accumulate_rows(float *acc, uint32_t (*a_frag)[4], const uint8_t *y) {
-    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), BWD_M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+    enum { M = FA3C_BWD_BLOCK_M(D) };
+    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
-    for (int kk = 0; kk < BWD_M / 16; kk++)
+    for (int kk = 0; kk < M / 16; kk++)
         wgmma_rs<D, FP16>(acc, a_frag[kk], smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
 }
 
 // dq(64 queries x 64 columns) = dS(queries x keys) · K(keys x columns),
-// both read MN-major from smem: dS as stored (a row per key), K as loaded.
-// hdim 128: columns [64 wg, + 64) over all 128 keys; hdim 64: all columns
-// over this warpgroup's own keys [64 wg, + 64).
-template <int D, int FP16>
+// both read MN-major from smem: dS as stored (a row per key, a chunk per 64
+// queries), K as loaded (a chunk per 64 columns). The split (M: the query
+// block's rows):
+//   hdim 128: the 64 queries, columns [64 wg, + 64) (K's chunk wg), all keys;
+//   hdim 64, M = 128: queries [64 wg, + 64) (dS's chunk wg), all columns and keys;
+//   hdim 64, M = 64: all queries and columns over keys [64 wg, + 64).
+template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg) {
-    enum { KEYS = D == 64 ? 64 : BWD_N };
-    const int key0 = D == 64 ? wg * 64 : 0, chunk = D == 64 ? 0 : wg;
-    // M is one 64-element chunk, so the A descriptor's leading offset is never used.
-    const uint64_t ds_desc =
-        smem_desc_swizzled(smem_addr(ds) + key0 * BWD_ROW_BYTES, BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
-    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + chunk * BWD_N * BWD_ROW_BYTES + key0 * BWD_ROW_BYTES,
+    enum { KEY_SPLIT = D == 64 && M == 64, KEYS = KEY_SPLIT ? 64 : BWD_N };
+    const int ds_chunk = D == 64 && M == 128 ? wg : 0, k_chunk = D == 128 ? wg : 0, key0 = KEY_SPLIT ? wg * 64 : 0;
+    // M and N are one 64-element chunk each, so the leading offsets are never used.
+    const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds) + (ds_chunk * BWD_N + key0) * BWD_ROW_BYTES,
+                                                BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + (k_chunk * BWD_N + key0) * BWD_ROW_BYTES,
                                                BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; kk++)
@@ -206,16 +215,17 @@ FA3C_DEVICE void bwd_fence_regs(float *x) {
 
 // ---- consumer element-wise steps ---------------------------------------------------
 
-// The columns c (query q0 + c, c in [0, 64)) that key row `key` sees,
-// as c >= lo and c <= hi with lo, hi clamped to [-1, 64] (so that no
+// The columns c (query q0 + c, c in [0, cols)) that key row `key` sees,
+// as c >= lo and c <= hi with lo, hi clamped to [-1, cols] (so that no
 // unbounded window overflows), less 2 quad: the element loop then compares
 // its constant 8 j + e against them. An empty range for keys before
 // own_lo (a shifted tile's rows of the block before) and past those used.
-FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int quad, int &lo, int &hi) {
+FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int cols, int quad,
+                                   int &lo, int &hi) {
     const bool row_ok = key >= own_lo && key < sk;
     const long long first = (long long)key - rel_hi - q0, last = (long long)key - rel_lo - q0;   // rel = key - q
-    lo = row_ok ? (int)max(min(first, 64ll), -1ll) - 2 * quad : INT_MAX;
-    hi = (int)max(min(last, 64ll), -1ll) - 2 * quad;
+    lo = row_ok ? (int)max(min(first, (long long)cols), -1ll) - 2 * quad : INT_MAX;
+    hi = (int)max(min(last, (long long)cols), -1ll) - 2 * quad;
 }
 
 // Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
@@ -224,12 +234,12 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
 // there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
 // derivative.
-template <bool SOFTCAP>
+template <int M, bool SOFTCAP>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
-    for (int j = 0; j < BWD_M / 8; j++) {
+    for (int j = 0; j < M / 8; j++) {
         const int col = 8 * j + 2 * quad;
         const float2 lse = *(const float2 *)&lse_log2[col], ds = *(const float2 *)&dsum[col];
 #pragma unroll
@@ -270,29 +280,32 @@ FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, int k_start, int sk, int wg) {
     fence_proxy_async_smem();
 }
 
-// This warp's 16 key rows of dSᵀ (A fragments, 16-bit) into the dS buffer,
-// 8x8 matrices at a time: fragment register j of k-step kk is the matrix of
-// rows 8 (j % 2).., columns 16 kk + 8 (j / 2).. (probs_to_fragments). The
-// row is opaque to ptxas: it hoisted the four addresses out of the loop
-// over query blocks and spilled one at hdim 128 (softcap's registers).
+// This warp's 16 key rows of dSᵀ (A fragments, 16-bit; M queries) into
+// the dS buffer, 8x8 matrices at a time: fragment register j of k-step kk
+// is the matrix of rows 8 (j % 2).., columns 16 kk + 8 (j / 2)..
+// (probs_to_fragments); columns past 64 go to the next chunk. The row is
+// opaque to ptxas: it hoisted the addresses out of the loop over query
+// blocks and spilled one at hdim 128 (softcap's registers).
+template <int M>
 FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
     const int lane = threadIdx.x % 32;
     const int row = (int)opaque_u32(wg * 64 + warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8);
 #pragma unroll
-    for (int kk = 0; kk < BWD_M / 16; kk++)
+    for (int kk = 0; kk < M / 16; kk++)
         stmatrix_x4(swizzled_unit<128>(ds, BWD_N, row, 2 * kk + lane / 16), frag[kk][0], frag[kk][1], frag[kk][2],
                     frag[kk][3]);
 }
 
-// dq_accum += this thread's part of dq: tile rows warp * 16 + lane / 4
-// (+ 8) are queries q0 + row, of which those in [own_lo, sq) are this
-// block's (own_lo = m BWD_M; a shifted tile starts before it); columns
+// dq_accum += this thread's part of dq: tile rows row0 + warp * 16 +
+// lane / 4 (+ 8) are queries q0 + row, of which those in [own_lo, sq) are
+// this block's (own_lo = m M; a shifted tile starts before it); columns
 // col0 + 8 j + 2 quad (+1).
-FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int sq, int col0, int warp, int D) {
+FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int sq, int row0, int col0, int warp,
+                        int D) {
     const int lane = threadIdx.x % 32, quad = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        const int q = q0 + warp * 16 + lane / 4 + 8 * r;
+        const int q = q0 + row0 + warp * 16 + lane / 4 + 8 * r;
         if (q < own_lo || q >= sq) continue;
         float *row = dq_rows + (int64_t)q * D + col0 + 2 * quad;
 #pragma unroll
@@ -300,35 +313,38 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int
     }
 }
 
-// The first key block that sees query block m: the key blocks that do
-// form a contiguous range (bwd_query_blocks' bounds grow with the key
-// block), starting at the one holding the first row's first key.
-FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m) {
-    const long long first_key = (long long)m * BWD_M + rel_lo;
+// The first key block that sees query block m (of block_m rows): the key
+// blocks that do form a contiguous range (bwd_query_blocks' bounds grow
+// with the key block), starting at the one holding the first row's first
+// key.
+FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m) {
+    const long long first_key = (long long)m * block_m + rel_lo;
     return first_key <= 0 ? 0 : (int)(first_key / BWD_N);
 }
 
 // Deterministic dQ (p.dq_semaphore): wait until the key blocks before this
-// one that see query block m have added theirs, add (at hdim 64, where both
-// warpgroups add to the same columns, warpgroup 0 first), then count this
-// one in. Key block n waits only for lower n of its (head, batch): CTAs
+// one that see query block m have added theirs, add (where both warpgroups
+// add to the same elements, hdim 64 with 64-row blocks, warpgroup 0
+// first), then count this one in. Key block n waits only for lower n of its (head, batch): CTAs
 // that start earlier (blockIdx.x is the key block) and wait only for lower
 // ones still, so the chain always ends in a CTA that can go on (FA3 relies
 // on the same launch order). One thread spins and releases; the named
 // barrier carries its acquire to the others and their adds to its release.
 template <int D>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
-                                int batch, int head, int m, int q0, int sq, int rel_lo, int col0, int wg, int warp) {
+                                int batch, int head, int m, int q0, int sq, int rel_lo, int row0, int col0, int wg,
+                                int warp) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
-    if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m));
+    if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-    if (D == 64) {
-        if (wg == 0) add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
+    if (D == 64 && M == 64) {
+        if (wg == 0) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-        if (wg == 1) add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
+        if (wg == 1) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
     } else {
-        add_dq(dq_rows, dq, q0, m * BWD_M, sq, col0, warp, D);
+        add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
     }
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     if (leader) {
@@ -339,10 +355,11 @@ FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows,
 
 // acc(64 keys x D) * scale to this thread's key rows key0, key0 + 8 of
 // `out` (16-bit; element strides, all even): those in [own_lo, sk_stored),
-// at token tok0 + key (packed sequences: `batch` is 0 then).
+// at token tok0 + key (packed sequences: `batch` is 0 then), its first
+// `cols` columns (96 of hdim 128's kernel).
 template <int D, int FP16>
 FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *acc, float scale, int batch,
-                                int head_kv, int tok0, int key0, int own_lo, int sk_stored) {
+                                int head_kv, int tok0, int key0, int own_lo, int sk_stored, int cols) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -352,6 +369,7 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
                         2 * quad;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
+            if (FA3C_BWD_HDIM96 && D == 128 && 8 * j >= cols) continue;   // hdim 96: its columns only
             const float x = acc[4 * j + 2 * r] * scale, y = acc[4 * j + 2 * r + 1] * scale;
             *(uint32_t *)(row + 8 * j) = FP16 ? pack_f16x2(x, y) : pack_bf16x2(x, y);
         }
@@ -365,9 +383,10 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 template <int D, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
                               int wg) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
-    const int dq_col0 = D == 64 ? 0 : wg * 64;
+    const int dq_row0 = D == 64 && M == 128 ? wg * 64 : 0, dq_col0 = D == 128 ? wg * 64 : 0;   // gemm_dq's split
     float dk[D / 2], dv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
@@ -386,7 +405,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
-        float st[BWD_M / 2], dpt[BWD_M / 2];
+        float st[M / 2], dpt[M / 2];
         wgmma_fence();
         gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
         wgmma_commit();
@@ -399,10 +418,10 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
             const int m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq), quad = lane % 4;
             const int key0 = BWD_SEQ(sm, k_start) + row_in_tile;
-            const int q0 = fa3c_bwd_rows_start(m, BWD_M, sq, BWD_SEQ(sm, q_packed));
+            const int q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
             const int sk = BWD_SEQ(sm, sk), rel_lo = BWD_SEQ(sm, rel_lo), rel_hi = BWD_SEQ(sm, rel_hi);
-            seen_columns(key0, n_block * BWD_N, sk, rel_lo, rel_hi, q0, quad, lo[0], hi[0]);
-            seen_columns(key0 + 8, n_block * BWD_N, sk, rel_lo, rel_hi, q0, quad, lo[1], hi[1]);
+            seen_columns(key0, n_block * BWD_N, sk, rel_lo, rel_hi, q0, M, quad, lo[0], hi[0]);
+            seen_columns(key0 + 8, n_block * BWD_N, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
         }
 
         // Pᵀ and dSᵀ; dSᵀ to smem for dQ = dS·K (before the wgmma that reads
@@ -410,15 +429,15 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // touched). Buffer it % 2: the barrier of block it - 1 came after
         // both warpgroups' dQ(it - 2) was complete. Then dV += Pᵀ·dO and
         // dK += dSᵀ·Q, left in flight under the barrier and dQ.
-        uint32_t p_frag[BWD_M / 16][4], ds_frag[BWD_M / 16][4];
+        uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
         uint8_t *ds = sm.ds[it % 2];
         wgmma_wait<0>();
-        bwd_fence_regs<BWD_M / 2>(st);
-        bwd_fence_regs<BWD_M / 2>(dpt);
-        probs_and_grads<SOFTCAP>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
-        probs_to_fragments<BWD_M, FP16>(st, p_frag);
-        probs_to_fragments<BWD_M, FP16>(dpt, ds_frag);
-        store_ds(ds, ds_frag, wg, warp);
+        bwd_fence_regs<M / 2>(st);
+        bwd_fence_regs<M / 2>(dpt);
+        probs_and_grads<M, SOFTCAP>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        probs_to_fragments<M, FP16>(st, p_frag);
+        probs_to_fragments<M, FP16>(dpt, ds_frag);
+        store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
         wgmma_fence();
         gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
@@ -427,7 +446,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         float dq[32];
         wgmma_fence();
-        gemm_dq<D, FP16>(dq, ds, sm.k, wg);
+        gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
         wgmma_commit();
         wgmma_wait<0>();
         bwd_fence_regs<32>(dq);
@@ -437,19 +456,21 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         if (lane == 0) mbar_arrive(&sm.empty[s]);
         const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
         const int head = head_kv * p.group + it / blocks, m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq);
-        const int q0 = fa3c_bwd_rows_start(m, BWD_M, sq, BWD_SEQ(sm, q_packed));
+        const int q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
         float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
         if (p.dq_semaphore)
-            add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, q0, sq, BWD_SEQ(sm, rel_lo), dq_col0, wg, warp);
+            add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, q0, sq, BWD_SEQ(sm, rel_lo), dq_row0, dq_col0,
+                              wg, warp);
         else
-            add_dq(dq_rows, dq, q0, m * BWD_M, sq, dq_col0, warp, D);
+            add_dq(dq_rows, dq, q0, m * M, sq, dq_row0, dq_col0, warp, D);
     }
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
     const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, sk_stored = BWD_SEQ(sm, sk_stored);
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
-    store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored);
-    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored);
+    store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored,
+                            p.headdim);
+    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored, p.headdim);
 }
 
 // ---- the kernel --------------------------------------------------------------------
@@ -465,7 +486,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
 
     if (threadIdx.x == 0) {
-        sm.seq = bwd_sequence(p, n_block, batch);
+        sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D));
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);

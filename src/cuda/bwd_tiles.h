@@ -2,18 +2,32 @@
  * shared by the C host code and the CUDA kernels.
  *
  * One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
- * query blocks of BLOCK_M = 64 rows that see them, for every query head of
+ * query blocks of BLOCK_M(D) rows that see them, for every query head of
  * its GQA group; dK and dV stay in the registers of its two consumer
  * warpgroups (64 keys each) the whole time, so they need no atomics and are
- * deterministic. 64 query rows per step keep the four accumulators of a
- * warpgroup (Sᵀ and dPᵀ 64 x 64, dV and dK 64 x D) inside 240 registers at
- * hdim 128, as FA3 does. Head dims 64 and 128 for now (bwd_host.c says
- * NOT_SUPPORTED for the others): 96 and 192 have 64-byte chunks, and 256's
- * dK + dV alone would take 256 registers. */
+ * deterministic. At hdim 128, 64 query rows per step keep the four
+ * accumulators of a warpgroup (Sᵀ and dPᵀ 64 x 64, dV and dK 64 x 128)
+ * inside 240 registers, as FA3 does. At hdim 64, dK and dV take half as
+ * many, and 128 query rows per step (Sᵀ and dPᵀ 64 x 128) fit: twice the
+ * work per step for the same per-step costs (waits, barriers, the softmax's
+ * loads), wgmma N = 128 for Sᵀ and dPᵀ, and dQ split by query rows between
+ * the warpgroups rather than by keys, so no dQ element is added twice (FA3
+ * takes 128 x 128 at hdim 64 too). Kernels for head dims 64 and 128; hdim 96
+ * runs on hdim 128's (FA3C_BWD_KERNEL_HEADDIM), its columns 96-127 zeros
+ * that TMA fills in past the tensors' 96 columns, so 3/4 of its GEMM work is
+ * useful. bwd_host.c says NOT_SUPPORTED for 192 and 256: 256's dK + dV alone
+ * would take 256 registers. */
 #ifndef FA3C_BWD_TILES_H
 #define FA3C_BWD_TILES_H
 
-#define FA3C_BWD_BLOCK_M 64
+/* hdim 64's query block: 128 rows, or 64 as before (knob, the default until
+ * the 128-row form has run on a GPU: bench/RESULTS.md). With 64 rows its
+ * warpgroups split dQ by keys (each adds all 64 columns over its own 64
+ * keys, twice the atomics). */
+#ifndef FA3C_BWD_HDIM64_BLOCK_M
+#define FA3C_BWD_HDIM64_BLOCK_M 64
+#endif
+#define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
 #define FA3C_BWD_BLOCK_N 128
 #define FA3C_BWD_STAGES 2          /* Q / dO / LSE / dsum slots in the ring */
 #define FA3C_BWD_CONSUMERS 2
@@ -21,6 +35,11 @@
 /* setmaxnreg budgets: 24 + 2 x 240 per thread-row is 64512 of the 65536. */
 #define FA3C_BWD_PRODUCER_REGS 24
 #define FA3C_BWD_CONSUMER_REGS 240
-#define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (d) == 128)
+/* hdim 96 on hdim 128's kernel: off (NOT_SUPPORTED) until it has run on a GPU. */
+#ifndef FA3C_BWD_HDIM96
+#define FA3C_BWD_HDIM96 0
+#endif
+#define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (FA3C_BWD_HDIM96 && (d) == 96) || (d) == 128)
+#define FA3C_BWD_KERNEL_HEADDIM(d) ((d) == 96 ? 128 : (d))   /* the instance a head dim runs on */
 
 #endif

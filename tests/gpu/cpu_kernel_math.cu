@@ -32,10 +32,11 @@ static fa3c_problem mask_problem(int causal, int wl, int wr) {
     return pr;
 }
 
-// One sequence of the backward: sq queries, sk_stored keys of which sk used.
-// Walks what the CTAs of its key blocks would, and counts each (query, key)
-// pair they see; returns the number of errors.
-static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed) {
+// One sequence of the backward: sq queries, sk_stored keys of which sk used,
+// query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128). Walks what the
+// CTAs of its key blocks would, and counts each (query, key) pair they see;
+// returns the number of errors.
+static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed, int block_m) {
     const fa3c_problem pr = mask_problem(causal, wl, wr);
     fa3c_bwd_kernel_params p;
     memset(&p, 0, sizeof p);
@@ -51,19 +52,19 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
     int *count = (int *)calloc((size_t)sq * sk_stored + 1, sizeof(int));
     int errors = 0;
     for (int n = 0; n * BWD_N < sk_stored; n++) {
-        const BwdSeq seq = bwd_sequence(p, n, 0);
+        const BwdSeq seq = bwd_sequence(p, n, 0, block_m);
         for (int m = seq.m_begin; m < seq.m_end; m++) {
-            const int q0 = fa3c_bwd_rows_start(m, BWD_M, seq.sq, seq.q_packed);
+            const int q0 = fa3c_bwd_rows_start(m, block_m, seq.sq, seq.q_packed);
             for (int quad = 0; quad < 4; quad++)
                 for (int row = 0; row < BWD_N; row++) {   // every tile row, in the consumers' terms
                     int lo, hi;
                     const int key = seq.k_start + row;
-                    seen_columns(key, n * BWD_N, seq.sk, seq.rel_lo, seq.rel_hi, q0, quad, lo, hi);
-                    for (int j = 0; j < BWD_M / 8; j++)
+                    seen_columns(key, n * BWD_N, seq.sk, seq.rel_lo, seq.rel_hi, q0, block_m, quad, lo, hi);
+                    for (int j = 0; j < block_m / 8; j++)
                         for (int e = 0; e < 2; e++) {
                             const int c = 8 * j + 2 * quad + e, q = q0 + c;
                             // seen, and a row the preprocessing gives a finite LSE (bwd_prep.cu)
-                            if (!(8 * j + e >= lo && 8 * j + e <= hi) || q < m * BWD_M || q >= seq.sq) continue;
+                            if (!(8 * j + e >= lo && 8 * j + e <= hi) || q < m * block_m || q >= seq.sq) continue;
                             if (key < 0 || key >= sk_stored) {
                                 errors++;
                                 continue;
@@ -78,28 +79,29 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
             const int want = key < sk && visible(&pr, q, key, sq, sk);
             if (count[(size_t)q * sk_stored + key] != want) {
                 if (errors < 5)
-                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d: query %d key %d seen %d times, want %d\n",
-                           sq, sk, sk_stored, causal, wl, wr, packed, q, key, count[(size_t)q * sk_stored + key], want);
+                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d block_m %d: query %d key %d seen %d times, "
+                           "want %d\n", sq, sk, sk_stored, causal, wl, wr, packed, block_m, q, key,
+                           count[(size_t)q * sk_stored + key], want);
                 errors++;
             }
         }
     // The deterministic turns: the key blocks that see query block m are
     // [first_key_block, ...), contiguous.
-    for (int m = 0; m * BWD_M < sq; m++) {
+    for (int m = 0; m * block_m < sq; m++) {
         int first = -1, last = -1, gaps = 0;
         for (int n = 0; n * BWD_N < sk_stored; n++) {
-            const BwdSeq seq = bwd_sequence(p, n, 0);
+            const BwdSeq seq = bwd_sequence(p, n, 0, block_m);
             if (m < seq.m_begin || m >= seq.m_end) continue;
             if (first < 0) first = n;
             else if (n != last + 1) gaps++;
             last = n;
         }
         if (first < 0) continue;
-        const BwdSeq seq = bwd_sequence(p, first, 0);
-        if (gaps || first_key_block(seq.rel_lo, m) != first) {
+        const BwdSeq seq = bwd_sequence(p, first, 0, block_m);
+        if (gaps || first_key_block(seq.rel_lo, m, block_m) != first) {
             if (errors < 5)
-                printf("  sq %d sk %d/%d causal %d window (%d,%d): query block %d: key blocks from %d (first_key_block %d), "
-                       "%d gaps\n", sq, sk, sk_stored, causal, wl, wr, m, first, first_key_block(seq.rel_lo, m), gaps);
+                printf("  sq %d sk %d/%d causal %d window (%d,%d) block_m %d: query block %d: key blocks from %d "
+                       "(first_key_block %d), %d gaps\n", sq, sk, sk_stored, causal, wl, wr, block_m, m, first, first_key_block(seq.rel_lo, m, block_m), gaps);
             errors++;
         }
     }
@@ -115,12 +117,14 @@ TEST(bwd_walk_sees_each_pair_once) {
         for (int b = 0; b < 10; b++)
             for (int w = 0; w < 7; w++)
                 for (int packed = 0; packed < 2; packed++)
-                    for (int used = 0; used < 2; used++) {
-                        const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
-                        errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2], packed);
-                        cases++;
-                    }
-    printf("  %d shapes (lengths x masks x packed x seqused_k)\n", cases);
+                    for (int used = 0; used < 2; used++)
+                        for (int block_m = 64; block_m <= 128; block_m += 64) {   // hdim 128's and hdim 64's
+                            const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
+                            errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2],
+                                                         packed, block_m);
+                            cases++;
+                        }
+    printf("  %d shapes (lengths x masks x packed x seqused_k x query block)\n", cases);
     CHECK(errors == 0, "%d errors in the backward's walk", errors);
 }
 

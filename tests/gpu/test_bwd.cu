@@ -141,18 +141,22 @@ static void *to_device(const void *h, size_t bytes) {
                  fa3c_last_error());                                                                        \
     } while (0)
 
-// fa3c_cuda_bwd_supported on a plain problem: does the build use the kernels at all?
-static int cuda_bwd_enabled(void) {
+// fa3c_cuda_bwd_supported on a plain problem of head dim d.
+static fa3c_status cuda_bwd_supports(int d) {
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     p.problem.batch = p.problem.seqlen_q = p.problem.seqlen_k = p.problem.heads_q = p.problem.heads_kv = 1;
-    p.problem.headdim = 128;
+    p.problem.headdim = d;
     p.problem.softmax_scale = 1.f;
-    static uint16_t dummy[128] __attribute__((aligned(16)));
-    fa3c_tensor t = tu_tensor(dummy, 1, 1, 1, 128);
+    static uint16_t dummy[256] __attribute__((aligned(16)));
+    fa3c_tensor t = tu_tensor(dummy, 1, 1, 1, d);
     p.q = p.k = p.v = p.out = p.dout = p.dq = p.dk = p.dv = t;
-    fa3c_status s = fa3c_cuda_bwd_supported(&p);
-    return s == FA3C_STATUS_OK || !strstr(fa3c_last_error(), "kernels off");
+    return fa3c_cuda_bwd_supported(&p);
+}
+
+// Does the build use the kernels at all?
+static int cuda_bwd_enabled(void) {
+    return cuda_bwd_supports(128) == FA3C_STATUS_OK || !strstr(fa3c_last_error(), "kernels off");
 }
 
 // Per gradient: written everywhere, within the rule of the naive one.
@@ -404,6 +408,22 @@ TEST(bwd_bf16_hdim64) {
     run_case("hdim 64", bcase(BF16, 2, 300, 300, 3, 3, 64));
 }
 
+// hdim 96 runs on hdim 128's kernel, columns 96-127 zero-filled by TMA:
+// nothing may leak into or be written past the 96 columns.
+TEST(bwd_hdim96) {
+    REQUIRE_CUDA_BWD();
+    if (cuda_bwd_supports(96) != FA3C_STATUS_OK)
+        SKIP("hdim 96 is off in this build (-DFA3C_BWD_HDIM96=1 turns it on): %s", fa3c_last_error());
+    run_case("hdim 96", bcase(BF16, 2, 200, 200, 2, 2, 96));
+    bwd_case c = bcase(FP16, 1, 150, 260, 4, 2, 96);
+    c.causal = 1;
+    run_case("hdim 96 causal GQA fp16", c);
+    c = bcase(BF16, 1, 300, 300, 2, 2, 96);
+    c.deterministic = 1;
+    c.softcap = 10.f;
+    run_case("hdim 96 deterministic softcap", c);
+}
+
 TEST(bwd_fp16) {
     REQUIRE_CUDA_BWD();
     run_case("fp16 hdim 128", bcase(FP16, 1, 200, 200, 2, 2, 128));
@@ -466,7 +486,7 @@ TEST(bwd_deterministic) {
     bwd_case c = bcase(BF16, 2, 700, 700, 4, 2, 128);   // six key blocks add to each query block in turn
     c.deterministic = 1;
     run_case("deterministic hdim 128", c);
-    c = bcase(BF16, 1, 450, 520, 2, 2, 64);              // both warpgroups add to the same columns
+    c = bcase(BF16, 1, 450, 520, 2, 2, 64);              // 128-row query blocks, split by rows between the warpgroups
     c.deterministic = 1;
     c.causal = 1;
     run_case("deterministic hdim 64 causal", c);
@@ -562,21 +582,21 @@ TEST(bwd_not_supported_is_reported) {
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, BF16, 1, 64, 64, 1, 1, 128);
-    void *d = NULL;   // eight tensors of 64 x 128, apart (outputs must not alias inputs)
-    CUDA_OK(cudaMalloc(&d, 8 * 64 * 128 * 2));
+    void *d = NULL;   // eight tensors of 64 x 128 (room for 64 x 256), apart (outputs must not alias inputs)
+    CUDA_OK(cudaMalloc(&d, 8 * 64 * 256 * 2));
     fa3c_tensor *ts[8] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
-    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 128 * 2, 1, 64, 1, 128);
+    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 256 * 2, 1, 64, 1, 128);
     float *lse = NULL;
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    const char *what[1] = {"hdim 96"}, *needle[1] = {"headdim 96"};
+    const char *what[1] = {"hdim 192"}, *needle[1] = {"headdim 192"};
     for (int i = 0; i < 1; i++) {
         fa3c_bwd_params q = p;
-        if (i == 0) {   // the same buffers viewed with 96 columns
-            q.problem.headdim = 96;
+        if (i == 0) {   // the same buffers viewed with 192 columns
+            q.problem.headdim = 192;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
-            for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 96);
+            for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 192);
         }
         fa3c_status s = fa3c_bwd_check(&q);
         printf("  %s: %s: %s\n", what[i], fa3c_status_string(s), fa3c_last_error());

@@ -222,36 +222,46 @@ TEST(wgmma_rs_pv_64x128x64) {
 }
 
 // The backward's dQ = dS·K with the kernel's own helpers (bwd_sm90.cuh):
-// dSᵀ (128 keys x 64 queries, given as bf16, key-major) goes into A
+// dSᵀ (128 keys x M queries, given as bf16, key-major) goes into A
 // fragments and through store_ds (stmatrix) to the dS buffer, K (128 keys x
 // 128 columns) is staged as the TMA would land it, and gemm_dq reads both
-// MN-major (wgmma_ss_mn). out: dQ (64 x 128) from hdim 128's split (columns
-// [64 wg, +64) over all keys, wg = 0, 1), then dQ of K's first 64 columns
-// from hdim 64's split (all columns over keys [64 wg, +64), the two summed).
-__global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *k, float *out, float *out64) {
-    uint8_t *sk = smem_base(), *sk64 = sk + 128 * 128 * 2, *sds = sk64 + 128 * 64 * 2;
+// MN-major (wgmma_ss_mn). out: dQ (64 x 128) from hdim 128's split (M = 64:
+// columns [64 wg, +64) over all keys, wg = 0, 1); out64: dQ (128 x 64) of
+// K's first 64 columns from hdim 64's split (M = 128: query rows [64 wg,
+// +64), all columns over all keys); out64k: dQ (64 x 64) from hdim 64's
+// split with 64-row blocks (all columns over keys [64 wg, +64), summed).
+template <int M>
+__device__ void stage_ds(uint8_t *sds, const __nv_bfloat16 *dst) {
+    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const uint16_t *d16 = (const uint16_t *)dst;
+    for (int half = 0; half < 2; half++) {   // store_ds writes a warpgroup's 64 key rows: both halves here
+        uint32_t frag[M / 16][4];
+        for (int kk = 0; kk < M / 16; kk++)
+            for (int j = 0; j < 4; j++) {
+                int row = half * 64 + 16 * w + g + 8 * (j % 2), col = 16 * kk + 8 * (j / 2) + 2 * q;
+                frag[kk][j] = (uint32_t)d16[row * M + col] | ((uint32_t)d16[row * M + col + 1] << 16);
+            }
+        store_ds<M>(sds, frag, half, w);
+    }
+}
+
+__global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *dst128, const __nv_bfloat16 *k,
+                                float *out, float *out64, float *out64k) {
+    uint8_t *sk = smem_base(), *sk64 = sk + 128 * 128 * 2, *sds = sk64 + 128 * 64 * 2, *sds128 = sds + 128 * 64 * 2;
     for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sk + sw128_offset(128, r, c)) = k[i];
         if (c < 64) *(__nv_bfloat16 *)(sk64 + sw128_offset(128, r, c)) = k[i];
     }
-    int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-    const uint16_t *d16 = (const uint16_t *)dst;
-    for (int half = 0; half < 2; half++) {   // store_ds writes a warpgroup's 64 key rows: both halves here
-        uint32_t frag[4][4];
-        for (int kk = 0; kk < 4; kk++)
-            for (int j = 0; j < 4; j++) {
-                int row = half * 64 + 16 * w + g + 8 * (j % 2), col = 16 * kk + 8 * (j / 2) + 2 * q;
-                frag[kk][j] = (uint32_t)d16[row * 64 + col] | ((uint32_t)d16[row * 64 + col + 1] << 16);
-            }
-        store_ds(sds, frag, half, w);
-    }
+    stage_ds<64>(sds, dst);
+    stage_ds<128>(sds128, dst128);
     fence_proxy_async_smem();
     __syncthreads();
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     float d[32];
     for (int wg = 0; wg < 2; wg++) {
         wgmma_fence();
-        gemm_dq<128, 0>(d, sds, sk, wg);
+        gemm_dq<128, 64, 0>(d, sds, sk, wg);
         wgmma_commit();
         wgmma_wait<0>();
         for (int i = 0; i < 32; i++) {
@@ -259,12 +269,20 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *k
             out[row * 128 + wg * 64 + col] = d[i];
         }
         wgmma_fence();
-        gemm_dq<64, 0>(d, sds, sk64, wg);
+        gemm_dq<64, 128, 0>(d, sds128, sk64, wg);
         wgmma_commit();
         wgmma_wait<0>();
         for (int i = 0; i < 32; i++) {
             int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-            out64[row * 64 + col] = wg == 0 ? d[i] : out64[row * 64 + col] + d[i];
+            out64[(wg * 64 + row) * 64 + col] = d[i];
+        }
+        wgmma_fence();
+        gemm_dq<64, 64, 0>(d, sds, sk64, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 32; i++) {
+            int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
+            out64k[row * 64 + col] = wg == 0 ? d[i] : out64k[row * 64 + col] + d[i];
         }
     }
 }
@@ -272,28 +290,34 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *k
 TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
     REQUIRE_SM90();
     gpu_rng_seed(2024);
-    static __nv_bfloat16 hds[128 * 64], hk[128 * 128];
-    static float fds[128 * 64], fk[128 * 128], out[64 * 128], out64[64 * 64];
+    static __nv_bfloat16 hds[128 * 64], hds128[128 * 128], hk[128 * 128];
+    static float fds[128 * 64], fds128[128 * 128], fk[128 * 128], out[64 * 128], out64[128 * 64], out64k[64 * 64];
     fill_bf16(hds, fds, 128 * 64);
+    fill_bf16(hds128, fds128, 128 * 128);
     fill_bf16(hk, fk, 128 * 128);
-    __nv_bfloat16 *dds, *dk;
-    float *dout, *dout64;
+    __nv_bfloat16 *dds, *dds128, *dk;
+    float *dout, *dout64, *dout64k;
     CUDA_OK(cudaMalloc(&dds, sizeof hds));
+    CUDA_OK(cudaMalloc(&dds128, sizeof hds128));
     CUDA_OK(cudaMalloc(&dk, sizeof hk));
     CUDA_OK(cudaMalloc(&dout, sizeof out));
     CUDA_OK(cudaMalloc(&dout64, sizeof out64));
+    CUDA_OK(cudaMalloc(&dout64k, sizeof out64k));
     CUDA_OK(cudaMemcpy(dds, hds, sizeof hds, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dds128, hds128, sizeof hds128, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dk, hk, sizeof hk, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));
     CUDA_OK(cudaMemset(dout64, 0xFF, sizeof out64));
-    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 1024;
+    CUDA_OK(cudaMemset(dout64k, 0xFF, sizeof out64k));
+    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 128 * 128 * 2 + 1024;
     CUDA_OK(cudaFuncSetAttribute(wgmma_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dk, dout, dout64);
+    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dds128, dk, dout, dout64, dout64k);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(out64, dout64, sizeof out64, cudaMemcpyDeviceToHost));
-    double maxerr = 0, maxerr64 = 0;
+    CUDA_OK(cudaMemcpy(out64k, dout64k, sizeof out64k, cudaMemcpyDeviceToHost));
+    double maxerr = 0, maxerr64 = 0, maxerr64k = 0;
     for (int i = 0; i < 64; i++)
         for (int j = 0; j < 128; j++) {
             double ref = 0;   // dQ[i][j] = sum over keys n of dS[i][n] K[n][j], dS[i][n] = dSᵀ[n][i]
@@ -301,14 +325,23 @@ TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
             double e = fabs(ref - out[i * 128 + j]);
             if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
             if (j < 64) {
-                e = fabs(ref - out64[i * 64 + j]);
-                if (!(e <= maxerr64)) maxerr64 = isnan(e) ? INFINITY : e;
+                e = fabs(ref - out64k[i * 64 + j]);
+                if (!(e <= maxerr64k)) maxerr64k = isnan(e) ? INFINITY : e;
             }
         }
-    printf("wgmma ss_mn (dQ = dS K) max abs error: hdim 128 split %.3g, hdim 64 split %.3g\n", maxerr, maxerr64);
+    for (int i = 0; i < 128; i++)
+        for (int j = 0; j < 64; j++) {
+            double ref = 0;
+            for (int n = 0; n < 128; n++) ref += (double)fds128[n * 128 + i] * fk[n * 128 + j];
+            double e = fabs(ref - out64[i * 64 + j]);
+            if (!(e <= maxerr64)) maxerr64 = isnan(e) ? INFINITY : e;
+        }
+    printf("wgmma ss_mn (dQ = dS K) max abs error: hdim 128 split %.3g, hdim 64 splits: rows %.3g, keys %.3g\n", maxerr,
+           maxerr64, maxerr64k);
     CHECK(maxerr < 1e-3, "hdim 128 split: max error %g", maxerr);
-    CHECK(maxerr64 < 1e-3, "hdim 64 split: max error %g", maxerr64);
-    cudaFree(dds); cudaFree(dk); cudaFree(dout); cudaFree(dout64);
+    CHECK(maxerr64 < 1e-3, "hdim 64 row split: max error %g", maxerr64);
+    CHECK(maxerr64k < 1e-3, "hdim 64 key split: max error %g", maxerr64k);
+    cudaFree(dds); cudaFree(dds128); cudaFree(dk); cudaFree(dout); cudaFree(dout64); cudaFree(dout64k);
 }
 
 // Byte offset of (row, col) in an 8-bit tile of rows x 128 bytes with the

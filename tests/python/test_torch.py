@@ -253,11 +253,16 @@ def test_gpu_forward_options(kw):
 
 @gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("sq,sk", [(128, 128), (333, 333), (200, 517)])
 def test_gpu_autograd(causal, d, sq, sk):
     torch.manual_seed(6)
-    run_grad("cuda", torch.bfloat16, 2, sq, sk, 4, 2, d, causal=causal)
+    try:
+        run_grad("cuda", torch.bfloat16, 2, sq, sk, 4, 2, d, causal=causal)
+    except fa3c.Fa3cError as e:
+        if d == 96 and e.status == fa3c.STATUS_NOT_SUPPORTED:   # off unless built with -DFA3C_BWD_HDIM96=1
+            pytest.skip("CUDA backward: %s" % e)
+        raise
 
 
 @gpu
