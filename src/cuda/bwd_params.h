@@ -34,7 +34,8 @@ typedef struct fa3c_bwd_kernel_params {
      *   lse_log2  the forward's LSE in log2 units; +inf for fully masked rows, for rows past the
      *             sequence and for rows a shifted block shares with the block before (so P = 0);
      *   dsum      rowsum(dO ⊙ O), 0 on those rows (bwd_prep.cu);
-     * dq_accum's row q is query q: zeroed, then += dS·K (unscaled) by every
+     * dq_accum's row q is query q (or with FA3C_BWD_DQ_TILED, tile order:
+     * fa3c_bwd_dq_tile_offset): zeroed, then += dS·K (unscaled) by every
      * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq.
      * Its rows are the kernel's head dim wide (128 for hdim 96). */
     const float *lse_log2, *dsum;
@@ -111,6 +112,20 @@ static inline FA3C_BWD_HD void fa3c_bwd_packed_sequence(const int *cu, int b, in
  * block x rows belong to the block before, or to no block, and are masked. */
 static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, int packed) {
     return packed && block * rows + rows > len ? len - rows : block * rows;
+}
+
+/* dQ's accumulator in tile order (FA3C_BWD_DQ_TILED, bwd_tiles.h): query
+ * block m of a (batch, head) holds its tile's rows x d floats at m x rows x
+ * d, as 64 x 64 pieces (piece (r / 64) (d / 64) + c / 64: the part one
+ * consumer warpgroup computes), each in the order of the wgmma accumulator:
+ * float4 k of thread t (warp t / 32, lane t % 32) at (k 128 + t) 4, holding
+ * rows 16 warp + lane / 4 (+ 8) and columns 8 k + 2 (lane % 4) (+ 1). So a
+ * warp adds 512 contiguous bytes per vector reduction, or a whole block
+ * goes out in one bulk reduction. The offset of tile row r, column c: */
+static inline FA3C_BWD_HD int fa3c_bwd_dq_tile_offset(int r, int c, int d) {
+    const int piece = (r / 64) * (d / 64) + c / 64, rr = r % 64, cc = c % 64;
+    const int t = (rr / 16) * 32 + (rr % 8) * 4 + (cc % 8) / 2, e = ((rr % 16) / 8) * 2 + cc % 2;
+    return piece * 4096 + ((cc / 8) * 128 + t) * 4 + e;
 }
 
 #ifdef __cplusplus

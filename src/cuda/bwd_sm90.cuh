@@ -79,6 +79,11 @@ struct BwdSmem {
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
     BwdSeq seq;
+    // FA3C_BWD_DQ_WRITER: the block's dQ in tile order for the writer's bulk
+    // reduction, and its barriers (written / read). Last, so that the other
+    // members' offsets do not depend on the knob.
+    uint64_t dq_full, dq_empty;
+    alignas(128) float dq[FA3C_BWD_DQ_WRITER ? M * D : 4];
 };
 
 FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
@@ -155,6 +160,40 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
         }
     }
+}
+
+// Does this instance's dQ go through smem and the writer (FA3C_BWD_DQ_WRITER)?
+// Not at hdim 64 with 64-row blocks: both warpgroups add to the same elements.
+template <int D>
+FA3C_HOST_DEVICE constexpr bool bwd_dq_writer_on() {
+    return FA3C_BWD_DQ_WRITER && !(D == 64 && FA3C_BWD_BLOCK_M(D) == 64);
+}
+
+// The tile-order dQ of query block m of `head` (fa3c_bwd_dq_tile_offset).
+template <int D>
+FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
+    return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
+}
+
+// FA3C_BWD_DQ_WRITER, one thread of the producer warpgroup: per step (the
+// consumers' walk), wait for both warpgroups' dQ in sm.dq, add it to the
+// block's tile with one bulk reduction, and hand the buffer back once read.
+// deterministic = 1 adds in turn from the consumers instead.
+template <int D>
+FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int head_kv, int batch) {
+    enum { M = FA3C_BWD_BLOCK_M(D) };
+    if (p.dq_semaphore) return;
+    const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
+    for (int it = 0; it < p.group * blocks; it++) {
+        mbar_wait_parity(&sm.dq_full, it & 1);
+        bulk_reduce_add_f32(bwd_dq_tile<D>(p, batch, head_kv * p.group + it / blocks, m_begin + it % blocks), sm.dq,
+                            M * D * 4);
+        tma_store_commit();
+        tma_store_wait_read();
+        mbar_arrive(&sm.dq_empty);
+    }
+    tma_store_wait_all();
 }
 
 // ---- consumer GEMMs ----------------------------------------------------------------
@@ -313,6 +352,28 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int
     }
 }
 
+// FA3C_BWD_DQ_TILED: this thread's dq (one 64 x 64 piece of the block's
+// tile, in the accumulator's order) added to the tile with 8 vector
+// reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
+// the block's own (a shifted tile's shared rows, padding) hold zeros (their
+// dS is 0) and go to the block's own slots, which nothing reads.
+FA3C_DEVICE void add_dq_tiled(float *tile, const float *dq, int piece) {
+    float *dst = tile + piece * 4096 + (threadIdx.x % 128) * 4;
+#pragma unroll
+    for (int k = 0; k < 8; k++) red_add_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+}
+
+// FA3C_BWD_DQ_WRITER: the same into sm.dq (the writer's buffer; the caller
+// waited for it to be free), then this warp's arrival on dq_full.
+FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, int piece) {
+    float *dst = buf + piece * 4096 + (threadIdx.x % 128) * 4;
+#pragma unroll
+    for (int k = 0; k < 8; k++) st_shared_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+    fence_proxy_async_smem();   // the bulk reduction reads it through the async proxy
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(dq_full);
+}
+
 // The first key block that sees query block m (of block_m rows): the key
 // blocks that do form a contiguous range (bwd_query_blocks' bounds grow
 // with the key block), starting at the one holding the first row's first
@@ -334,12 +395,21 @@ template <int D>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
                                 int batch, int head, int m, int q0, int sq, int rel_lo, int row0, int col0, int wg,
                                 int warp) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
+    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = D == 64 && M == 64 };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
     if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-    if (D == 64 && M == 64) {
+    if (FA3C_BWD_DQ_TILED) {
+        float *tile = bwd_dq_tile<D>(p, batch, head, m);
+        if (KEY_SPLIT) {
+            if (wg == 0) add_dq_tiled(tile, dq, 0);
+            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+            if (wg == 1) add_dq_tiled(tile, dq, 0);
+        } else {
+            add_dq_tiled(tile, dq, wg);
+        }
+    } else if (KEY_SPLIT) {
         if (wg == 0) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
         if (wg == 1) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
@@ -458,11 +528,17 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         const int head = head_kv * p.group + it / blocks, m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq);
         const int q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
         float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
-        if (p.dq_semaphore)
+        if (p.dq_semaphore) {
             add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, q0, sq, BWD_SEQ(sm, rel_lo), dq_row0, dq_col0,
                               wg, warp);
-        else
+        } else if (bwd_dq_writer_on<D>()) {   // the writer's buffer is free once it has read step it - 1's
+            if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
+            put_dq_tiled(sm.dq, &sm.dq_full, dq, wg);
+        } else if (FA3C_BWD_DQ_TILED) {
+            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, D == 64 && M == 64 ? 0 : wg);
+        } else {
             add_dq(dq_rows, dq, q0, m * M, sq, dq_row0, dq_col0, warp, D);
+        }
     }
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
@@ -498,6 +574,10 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
             mbar_init(&sm.full[s], 1);
             mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
         }
+        if (bwd_dq_writer_on<D>()) {
+            mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+            mbar_init(&sm.dq_empty, 1);                       // the writer
+        }
         fence_barrier_init();
     }
     __syncthreads();
@@ -507,6 +587,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     if (warpgroup == 0) {
         reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
         if (threadIdx.x == 0) bwd_producer<D>(p, sm, head_kv, batch);
+        else if (bwd_dq_writer_on<D>() && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
         if (p.softcap != 0.f) bwd_consumer<D, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);

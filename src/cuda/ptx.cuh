@@ -261,6 +261,10 @@ FA3C_DEVICE void wgmma_wait(void) {
 FA3C_DEVICE void st_shared_f32(float *dst, float x) {
     asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_addr(dst)), "f"(x) : "memory");
 }
+FA3C_DEVICE void st_shared_f32x4(float *dst, float x, float y, float z, float w) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr(dst)), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+}
 
 // A 32-bit integer at a shared address, stored and loaded (32-bit
 // addresses: a generic pointer held two registers).
@@ -420,6 +424,21 @@ FA3C_DEVICE void wait_counter_at_least(const int *counter, int target) {
 // 8-byte aligned; no value returned, so no round trip).
 FA3C_DEVICE void red_add_f32x2(float *addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// addr[0..3] += x, y, z, w (addr 16-byte aligned), as red_add_f32x2.
+FA3C_DEVICE void red_add_f32x4(float *addr, float x, float y, float z, float w) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+}
+
+// dst[0..bytes/4) += src[...] (fp32) by the bulk copy engine: smem to global,
+// both 16-byte aligned, bytes a multiple of 16. Completion as for TMA stores
+// (tma_store_commit, tma_store_wait_read / _all).
+FA3C_DEVICE void bulk_reduce_add_f32(float *dst, const float *src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+                 "r"(smem_addr(src)), "r"(bytes)
+                 : "memory");
 }
 
 // ---- arithmetic --------------------------------------------------------------

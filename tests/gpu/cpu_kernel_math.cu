@@ -128,6 +128,38 @@ TEST(bwd_walk_sees_each_pair_once) {
     CHECK(errors == 0, "%d errors in the backward's walk", errors);
 }
 
+// dQ's tile order (fa3c_bwd_dq_tile_offset, FA3C_BWD_DQ_TILED): each tile
+// element has one slot, and a warpgroup's accumulator element i of thread t
+// (wgmma m64n64 layout: row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
+// column 8 (i / 4) + 2 (t % 4) + i % 2) of piece p lands where the kernel
+// adds it: p 4096 + ((i / 4) 128 + t) 4 + i % 4.
+TEST(bwd_dq_tile_order) {
+    const int shapes[3][2] = {{64, 128}, {128, 64}, {64, 64}};   // (rows, d): hdim 128; hdim 64, 128 and 64 rows
+    int errors = 0;
+    for (int s = 0; s < 3; s++) {
+        const int rows = shapes[s][0], d = shapes[s][1];
+        int *seen = (int *)calloc((size_t)rows * d, sizeof(int));
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < d; c++) {
+                const int o = fa3c_bwd_dq_tile_offset(r, c, d);
+                if (o < 0 || o >= rows * d) errors++;
+                else seen[o]++;
+            }
+        for (int o = 0; o < rows * d; o++) errors += seen[o] != 1;
+        for (int piece = 0; piece < rows * d / 4096; piece++) {
+            const int r0 = (piece / (d / 64)) * 64, c0 = (piece % (d / 64)) * 64;
+            for (int t = 0; t < 128; t++)
+                for (int i = 0; i < 32; i++) {
+                    const int lane = t % 32, row = 16 * (t / 32) + lane / 4 + 8 * ((i / 2) % 2);
+                    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+                    errors += fa3c_bwd_dq_tile_offset(r0 + row, c0 + col, d) != piece * 4096 + ((i / 4) * 128 + t) * 4 + i % 4;
+                }
+        }
+        free(seen);
+    }
+    CHECK(errors == 0, "%d errors in dQ's tile order", errors);
+}
+
 // Packed sequences' tiles never leave the tensors: a box of `rows` rows at
 // the sequence's token tok0 + fa3c_bwd_rows_start(...) ends by the
 // sequence's end (it may start in the sequence before).
