@@ -93,16 +93,16 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
 
 /* The kernel's parameters: TMA maps, sizes, the sequences, scale and mask
  * (bwd_params.h). */
-static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int rows_pad) {
+static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int block_m,
+                                      int rows_pad) {
     const fa3c_problem *pr = &p->problem;
     const int d = pr->headdim;
     fa3c_status s;
     memset(k, 0, sizeof *k);
     int q_outer, q_rows, k_outer, k_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
-    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, FA3C_BWD_BLOCK_M(d))) ||
-        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64,
-                                  FA3C_BWD_BLOCK_M(d))) ||
+    if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
+        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
         (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)) ||
         (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)))
         return s;
@@ -137,7 +137,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(d), block_m = FA3C_BWD_BLOCK_M(kernel_d);
     const int rows_pad = (pr->seqlen_q + block_m - 1) / block_m * block_m;
     fa3c_bwd_kernel_params k;
-    if ((s = fill_kernel_params(&k, p, rows_pad)) != FA3C_STATUS_OK) return s;
+    if ((s = fill_kernel_params(&k, p, block_m, rows_pad)) != FA3C_STATUS_OK) return s;
 
     /* Scratch, stream-ordered: dq_accum (fp32) and with deterministic = 1 the
      * dQ turn counters, both zeroed; then lse_log2 and dsum. Every part is a

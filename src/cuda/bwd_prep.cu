@@ -44,7 +44,7 @@ static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params 
 
 // Grid: (rows_pad / ROWS_PER_CTA, heads_q, batch). Scratch row `row` is row
 // row % block_m of query block row / block_m's smem tile, which holds query
-// fa3c_bwd_rows_start(...) + row % 64 (bwd_params.h): rows outside the
+// fa3c_bwd_rows_start(...) + row % block_m (bwd_params.h): rows outside the
 // sequence, or owned by the block before, get lse_log2 = +inf and dsum = 0.
 template <int FP16>
 __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_prep_kernel(const fa3c_bwd_prep_params p) {

@@ -2,8 +2,9 @@
 // 64 and 128: bwd_tiles.h).
 //
 // One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
-// query blocks (M = BLOCK_M(D) rows: 128 at hdim 64, 64 at hdim 128) that
-// see any of them, for each query head of the GQA group:
+// query blocks (M = BLOCK_M(D) rows: 64, or 128 at hdim 64 with
+// FA3C_BWD_HDIM64_BLOCK_M=128) that see any of them, for each query head of
+// the GQA group:
 //   warpgroup 0  producer: one thread loads K and V once, then streams Q,
 //                dO and the rows' LSE and dsum = rowsum(dO ⊙ O) through a
 //                ring of STAGES smem slots (TMA, mbarriers);
@@ -17,7 +18,9 @@
 //                  dSᵀ -> smem, then dQ(64 x 64) = dS·K (wgmma, both
 //                  operands MN-major in smem) added to an fp32 dQ in
 //                  global memory with vector atomics (deterministic = 1:
-//                  the key blocks add in a fixed order, add_dq_in_turn).
+//                  the key blocks add in a fixed order, add_dq_in_turn), or
+//                  with FA3C_BWD_DQ_WRITER through smem and one bulk
+//                  reduction per block by warp 1 (bwd_dq_writer).
 // dK and dV stay in registers for the whole walk (GQA: summed over the
 // group's heads) and are written once at the end, dK scaled. bwd_prep.cu
 // computes dsum and the LSE in log2 units before, and turns the fp32 dQ
@@ -83,7 +86,7 @@ struct BwdSmem {
     // reduction, and its barriers (written / read). Last, so that the other
     // members' offsets do not depend on the knob.
     uint64_t dq_full, dq_empty;
-    alignas(128) float dq[FA3C_BWD_DQ_WRITER ? M * D : 4];
+    alignas(128) float dq[FA3C_BWD_DQ_WRITER && !(D == 64 && M == 64) ? M * D : 4];   // bwd_dq_writer_on
 };
 
 FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
@@ -305,7 +308,7 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
 // included, and dQ = dS·K multiplies them by dS = 0: this warpgroup's rows
 // of them are zeroed once, before any wgmma reads the tile (the caller's
 // named barrier then makes every thread's zeros visible to both warpgroups:
-// dQ reads all 128 rows at hdim 128). Outside means past this sequence's
+// dQ reads all 128 rows, except at hdim 64 with 64-row blocks). Outside means past this sequence's
 // keys used, or before its key 0: a shifted tile of a short packed
 // sequence starts in the sequence before, whose unused keys may be NaN.
 template <int D>
@@ -355,8 +358,9 @@ FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int
 // FA3C_BWD_DQ_TILED: this thread's dq (one 64 x 64 piece of the block's
 // tile, in the accumulator's order) added to the tile with 8 vector
 // reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
-// the block's own (a shifted tile's shared rows, padding) hold zeros (their
-// dS is 0) and go to the block's own slots, which nothing reads.
+// the block's own (a shifted tile's shared rows, padding) go to the block's
+// own slots, which bwd_prep.cu's dq kernel never reads (it reads tile row
+// q - q0 for the block's own queries q only); they hold zeros anyway (dS = 0).
 FA3C_DEVICE void add_dq_tiled(float *tile, const float *dq, int piece) {
     float *dst = tile + piece * 4096 + (threadIdx.x % 128) * 4;
 #pragma unroll

@@ -486,7 +486,7 @@ TEST(bwd_deterministic) {
     bwd_case c = bcase(BF16, 2, 700, 700, 4, 2, 128);   // six key blocks add to each query block in turn
     c.deterministic = 1;
     run_case("deterministic hdim 128", c);
-    c = bcase(BF16, 1, 450, 520, 2, 2, 64);              // 128-row query blocks, split by rows between the warpgroups
+    c = bcase(BF16, 1, 450, 520, 2, 2, 64);              // hdim 64: both dQ splits (FA3C_BWD_HDIM64_BLOCK_M)
     c.deterministic = 1;
     c.causal = 1;
     run_case("deterministic hdim 64 causal", c);
