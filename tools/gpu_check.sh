@@ -7,7 +7,8 @@
 # EXTRA_FLAGS="-DKNOB=V ...": compile-time knobs (src/cuda/fwd_tiles.h) for
 # both builds, to test an experiment's correctness before it becomes a default.
 # A short call: GPU_TEST_REGEX (ctest -R: only those GPU tests),
-# SANITIZER_CASES="case ..." (only those), FWD_BENCH=0 (decode timings only),
+# SANITIZER_CASES="case ..." (only those; "test_bwd:bwd_small" names another
+# test binary's case), FWD_BENCH=0 (decode timings only),
 # SKIP_PY=1, SKIP_PEERS=1.
 set -u
 MODE=${1:-quick}
@@ -60,8 +61,10 @@ if command -v compute-sanitizer >/dev/null; then
     cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small fwd_packed_sequences_small"
     [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
     cases=${SANITIZER_CASES:-$cases}   # a short call: only the cases a change touches
-    for case in $cases; do
-      timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/test_fwd $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1
+    for case in $cases; do   # "binary:case" (e.g. test_bwd:bwd_small) runs another test binary's case
+      bin=test_fwd
+      case "$case" in *:*) bin=${case%%:*}; case=${case#*:} ;; esac
+      timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu-debug/tests/$bin $case >"$OUT/sanitizer_${tool}_$case.log" 2>&1
       note "compute-sanitizer $tool $case: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${tool}_$case.log" | tail -1)"
     done
   done
