@@ -36,19 +36,35 @@ fi
 # message (wgmma serialized, setmaxnreg ignored, ...; ptxas prints some of
 # them as "info") is a bug, as docs/KERNEL.md says. The tests' step kernels
 # are not held to it. Only what this build compiled is checked (a rebuild
-# recompiles less).
+# recompiles less). ptxas_clean [LOG] (default build/build.log).
 ptxas_clean() {
+    local log=${1:-build/build.log}
     local lib='[0-9](fwd_kernel|bwd_kernel|fwd_fp8_kernel|bwd_prep_kernel|bwd_dq_kernel|fp8_transpose_v_kernel|fwd_combine_kernel)'
     local bad
     bad=$(awk -v lib="$lib" '
         /Compiling entry function|Function properties for/ { fn = $0 }
         /C75[0-9][0-9]/ && ($0 ~ lib || $0 !~ /function/) { print; next }   # some (C7508) name no function
         /[1-9][0-9]* bytes spill (stores|loads)/ && fn ~ lib { print fn; print }
-    ' build/build.log)
+    ' "$log")
     [ -z "$bad" ] || { echo "$bad"; return 1; }
-    echo "library kernels: no spills, no C75xx in $(grep 'Compiling entry function' build/build.log | grep -cE "$lib") compiled"
+    echo "library kernels: no spills, no C75xx in $(grep 'Compiling entry function' "$log" | grep -cE "$lib") compiled"
 }
 stage ptxas ptxas_clean
+# The backward's knobs that are off until they have run on a GPU (bwd_tiles.h):
+# their kernels must still compile clean, and the index math the CPU checks
+# (cpu_kernel_math, bwd_refs_on_cpu) must hold with them on. CUDA builds only.
+knob_build() {
+    local f="-DFA3C_BWD_HDIM64_BLOCK_M=128 -DFA3C_BWD_HDIM96=1 -DFA3C_BWD_DQ_TILED=1 -DFA3C_BWD_DQ_WRITER=1"
+    cmake -S . -B build-knobs -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim64;bf16_hdim128" \
+        "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1
+    cmake --build build-knobs -j "$(nproc)" --target fa3c cpu_kernel_math bwd_refs_on_cpu "${sync_output[@]}" \
+        >build-knobs/build.log 2>&1 || { tail -30 build-knobs/build.log; return 1; }
+    ptxas_clean build-knobs/build.log &&
+        (cd build-knobs && ctest --output-on-failure --no-tests=error -R 'cpu_kernel_math|bwd_refs_on_cpu' -j2 | tail -3)
+}
+if [ -x build/tests/cpu_kernel_math ]; then   # the main build compiled the CUDA code
+    stage "backward knobs" knob_build
+fi
 stage ctest bash -c 'cd build && ctest --output-on-failure --no-tests=error -j2'
 # Skipped cases (GPU tests without an sm_90 GPU) say why; show it, so a skip is never mistaken for a pass.
 skips=$(grep -h "^SKIPPED" build/Testing/Temporary/LastTest.log 2>/dev/null | sed 's/^SKIPPED [^:]*: //' | sort | uniq -c)
