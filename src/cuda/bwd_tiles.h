@@ -20,12 +20,12 @@
 #ifndef FA3C_BWD_TILES_H
 #define FA3C_BWD_TILES_H
 
-/* hdim 64's query block: 128 rows, or 64 as before (knob, the default until
- * the 128-row form has run on a GPU: bench/RESULTS.md). With 64 rows its
- * warpgroups split dQ by keys (each adds all 64 columns over its own 64
- * keys, twice the atomics). */
+/* hdim 64's query block: 128 rows (run 94, H100: +24-34% over 64 rows), or
+ * 64 as before (-DFA3C_BWD_HDIM64_BLOCK_M=64, for A/Bs), whose warpgroups
+ * split dQ by keys (each adds all 64 columns over its own 64 keys, twice the
+ * atomics). */
 #ifndef FA3C_BWD_HDIM64_BLOCK_M
-#define FA3C_BWD_HDIM64_BLOCK_M 64
+#define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
 #define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
 #define FA3C_BWD_BLOCK_N 128
@@ -43,20 +43,22 @@
  * and warp 1 of the producer warpgroup adds the block with one bulk
  * reduction (cp.reduce.async.bulk), FA3's dQ path; not with deterministic = 1
  * (the consumers' in-turn reductions) or hdim 64's 64-row blocks (both
- * warpgroups add to the same elements). Both off until GPU-run. */
+ * warpgroups add to the same elements). Both on since run 94 (H100: the
+ * writer +15-20% at 2k-8k); 0 builds the consumers' row-major reductions. */
 #ifndef FA3C_BWD_DQ_TILED
-#define FA3C_BWD_DQ_TILED 0
+#define FA3C_BWD_DQ_TILED 1
 #endif
 #ifndef FA3C_BWD_DQ_WRITER
-#define FA3C_BWD_DQ_WRITER 0
+#define FA3C_BWD_DQ_WRITER 1
 #endif
 #if FA3C_BWD_DQ_WRITER && !FA3C_BWD_DQ_TILED
 #error "FA3C_BWD_DQ_WRITER needs FA3C_BWD_DQ_TILED"
 #endif
 
-/* hdim 96 on hdim 128's kernel: off (NOT_SUPPORTED) until it has run on a GPU. */
+/* hdim 96 on hdim 128's kernel (on since its GPU tests passed, run 94;
+ * 0 makes it NOT_SUPPORTED). */
 #ifndef FA3C_BWD_HDIM96
-#define FA3C_BWD_HDIM96 0
+#define FA3C_BWD_HDIM96 1
 #endif
 #define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (FA3C_BWD_HDIM96 && (d) == 96) || (d) == 128)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) == 96 ? 128 : (d))   /* the instance a head dim runs on */
