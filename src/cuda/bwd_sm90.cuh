@@ -276,7 +276,9 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
 // there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
 // derivative.
-template <int M, bool SOFTCAP>
+// MASKED = false: the CTA sees every element (bwd_cta_unmasked), so no
+// compares (FA3C_BWD_MASK_SPLIT).
+template <int M, bool SOFTCAP, bool MASKED = true>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
@@ -289,7 +291,7 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e;
-                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
+                const bool seen = !MASKED || (8 * j + e >= lo[r] && 8 * j + e <= hi[r]);
                 float score = st[i], slope = 1.f;
                 if (SOFTCAP) {
                     const float t = tanh_approx(score * p.softcap_pre);
@@ -454,7 +456,9 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 
 // SOFTCAP: p.softcap != 0, a copy of its own, picked once per CTA rather
 // than branched on inside the loop.
-template <int D, int FP16, bool SOFTCAP>
+// MASKED = false (FA3C_BWD_MASK_SPLIT): the CTA sees every element of its
+// walk (bwd_cta_unmasked), a copy without the mask's compares.
+template <int D, int FP16, bool SOFTCAP, bool MASKED = true>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
                               int wg) {
     enum { M = FA3C_BWD_BLOCK_M(D) };
@@ -488,7 +492,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 
         // Which elements this thread's rows see (seen_columns).
         int lo[2], hi[2];
-        {
+        if (MASKED) {
             const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
             const int m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq), quad = lane % 4;
             const int key0 = BWD_SEQ(sm, k_start) + row_in_tile;
@@ -508,7 +512,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         wgmma_wait<0>();
         bwd_fence_regs<M / 2>(st);
         bwd_fence_regs<M / 2>(dpt);
-        probs_and_grads<M, SOFTCAP>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        probs_and_grads<M, SOFTCAP, MASKED>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
         probs_to_fragments<M, FP16>(st, p_frag);
         probs_to_fragments<M, FP16>(dpt, ds_frag);
         store_ds<M>(ds, ds_frag, wg, warp);
@@ -553,6 +557,18 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored, p.headdim);
 }
 
+// Does every (query, key) element of this CTA's walk count, so that the
+// consumers need no mask (FA3C_BWD_MASK_SPLIT)? No causal mask or window,
+// and all 128 keys are its own (an unshifted tile) and used. Query rows
+// need no mask: padding rows and a shifted tile's shared rows have
+// lse_log2 = +inf, so P = 0 there, and their dS is 0 as the K and V rows
+// are used ones (finite).
+template <int D>
+FA3C_DEVICE bool bwd_cta_unmasked(BwdSmem<D> &sm, int n_block) {
+    return BWD_SEQ(sm, rel_lo) == INT_MIN && BWD_SEQ(sm, rel_hi) == INT_MAX &&
+           BWD_SEQ(sm, k_start) == n_block * BWD_N && (n_block + 1) * BWD_N <= BWD_SEQ(sm, sk);
+}
+
 // ---- the kernel --------------------------------------------------------------------
 
 // Grid: (key blocks of the longest sequence, heads_kv, batch).
@@ -594,6 +610,14 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         else if (bwd_dq_writer_on<D>() && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
+        // hdim 128 only: at hdim 64 the unmasked copy spilled 8-44 bytes (ptxas).
+        if constexpr (FA3C_BWD_MASK_SPLIT && D == 128) {
+            if (bwd_cta_unmasked(sm, n_block)) {
+                if (p.softcap != 0.f) bwd_consumer<D, FP16, true, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+                else bwd_consumer<D, FP16, false, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+                return;
+            }
+        }
         if (p.softcap != 0.f) bwd_consumer<D, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
         else bwd_consumer<D, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
     }

@@ -55,6 +55,14 @@
 #error "FA3C_BWD_DQ_WRITER needs FA3C_BWD_DQ_TILED"
 #endif
 
+/* CTAs whose whole walk is unmasked (no causal mask or window, all their
+ * keys used: most CTAs of a non-causal call) take a copy of the consumer
+ * without the mask's compares; hdim 128 only (at hdim 64 that copy spilled).
+ * Off until GPU-run. */
+#ifndef FA3C_BWD_MASK_SPLIT
+#define FA3C_BWD_MASK_SPLIT 0
+#endif
+
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed, run 94;
  * 0 makes it NOT_SUPPORTED). */
 #ifndef FA3C_BWD_HDIM96
