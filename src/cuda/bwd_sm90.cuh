@@ -66,6 +66,18 @@ struct BwdSeq {
     int m_begin, m_end;        // the query blocks with a row that sees a key of this block
 };
 
+// Do the warpgroups split dQ by keys (hdim 64 with 64-row blocks), so that
+// both add to the same elements? Otherwise each adds its own 64 x 64 piece
+// (gemm_dq).
+FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 && m == 64; }
+
+// Does dQ go through smem and the writer (FA3C_BWD_DQ_WRITER)? Not with the
+// key split: the writer adds one piece per warpgroup.
+template <int D>
+FA3C_HOST_DEVICE constexpr bool bwd_dq_writer_on() {
+    return FA3C_BWD_DQ_WRITER && !bwd_dq_key_split(D, FA3C_BWD_BLOCK_M(D));
+}
+
 // Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
 // boxes land (fwd_smem.cuh's layout); dS as M / 64 chunks of 128 key rows
 // of 64 queries (MN-major A of dQ = dS·K).
@@ -86,7 +98,7 @@ struct BwdSmem {
     // reduction, and its barriers (written / read). Last, so that the other
     // members' offsets do not depend on the knob.
     uint64_t dq_full, dq_empty;
-    alignas(128) float dq[FA3C_BWD_DQ_WRITER && !(D == 64 && M == 64) ? M * D : 4];   // bwd_dq_writer_on
+    alignas(128) float dq[bwd_dq_writer_on<D>() ? M * D : 4];
 };
 
 FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
@@ -165,13 +177,6 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     }
 }
 
-// Does this instance's dQ go through smem and the writer (FA3C_BWD_DQ_WRITER)?
-// Not at hdim 64 with 64-row blocks: both warpgroups add to the same elements.
-template <int D>
-FA3C_HOST_DEVICE constexpr bool bwd_dq_writer_on() {
-    return FA3C_BWD_DQ_WRITER && !(D == 64 && FA3C_BWD_BLOCK_M(D) == 64);
-}
-
 // The tile-order dQ of query block m of `head` (fa3c_bwd_dq_tile_offset).
 template <int D>
 FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
@@ -236,7 +241,7 @@ FA3C_DEVICE void gemm_accumulate_rows(float *acc, uint32_t (*a_frag)[4], const u
 //   hdim 64, M = 64: all queries and columns over keys [64 wg, + 64).
 template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg) {
-    enum { KEY_SPLIT = D == 64 && M == 64, KEYS = KEY_SPLIT ? 64 : BWD_N };
+    enum { KEY_SPLIT = bwd_dq_key_split(D, M), KEYS = KEY_SPLIT ? 64 : BWD_N };
     const int ds_chunk = D == 64 && M == 128 ? wg : 0, k_chunk = D == 128 ? wg : 0, key0 = KEY_SPLIT ? wg * 64 : 0;
     // M and N are one 64-element chunk each, so the leading offsets are never used.
     const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds) + (ds_chunk * BWD_N + key0) * BWD_ROW_BYTES,
@@ -401,7 +406,7 @@ template <int D>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
                                 int batch, int head, int m, int q0, int sq, int rel_lo, int row0, int col0, int wg,
                                 int warp) {
-    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = D == 64 && M == 64 };
+    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M) };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
     if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M));
@@ -543,7 +548,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
             put_dq_tiled(sm.dq, &sm.dq_full, dq, wg);
         } else if (FA3C_BWD_DQ_TILED) {
-            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, D == 64 && M == 64 ? 0 : wg);
+            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         } else {
             add_dq(dq_rows, dq, q0, m * M, sq, dq_row0, dq_col0, warp, D);
         }

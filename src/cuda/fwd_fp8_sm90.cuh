@@ -110,6 +110,19 @@ FA3C_DEVICE void fp8_fence_regs(float *x) {
     for (int i = 0; i < N; i++) reg_fence(x[i]);
 }
 
+// O += P·V for one key block, waited for; then this warp releases the
+// block's K/V slot (`empty`).
+template <int D>
+FA3C_DEVICE void fp8_pv_and_release(float *o, uint32_t (*p_frag)[4], const uint8_t *vt, uint64_t *empty) {
+    wgmma_fence();
+    fp8_gemm_pv<D>(o, p_frag, vt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fp8_fence_regs<D / 2>(o);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty);
+}
+
 // Four floats -> one register of four e4m3 bytes, a in the lowest
 // (cvt.rn.satfinite.e4m3x2.f32 puts its first operand in the high byte).
 FA3C_DEVICE uint32_t pack_e4m3x4(float a, float b, float c, float d) {
@@ -251,13 +264,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r));
             uint32_t p_frag[FP8_N / 32][4];
             fp8_probs_to_fragments(sc, p_frag);
-            wgmma_fence();
-            fp8_gemm_pv<D>(o, p_frag, sm.vt[s]);
-            wgmma_commit();
-            wgmma_wait<0>();
-            fp8_fence_regs<D / 2>(o);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&sm.kv_empty[s]);
+            fp8_pv_and_release<D>(o, p_frag, sm.vt[s], &sm.kv_empty[s]);
         }
     } else if (n_begin < n_end) {
         // FA3's two overlaps. Intra-warpgroup: S(n) and O += P(n-1)·V(n-1)
@@ -304,13 +311,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             fp8_probs_to_fragments(sc, p_frag);
         }
         const int s = last % FA3C_FP8_STAGES(D);   // the last block's P·V
-        wgmma_fence();
-        fp8_gemm_pv<D>(o, p_frag, sm.vt[s]);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fp8_fence_regs<D / 2>(o);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.kv_empty[s]);
+        fp8_pv_and_release<D>(o, p_frag, sm.vt[s], &sm.kv_empty[s]);
     }
 
     // O / sum · v_descale in bf16, and the LSE; rows past the end are not written.
