@@ -34,8 +34,7 @@ typedef struct fa3c_bwd_kernel_params {
      *   lse_log2  the forward's LSE in log2 units; +inf for fully masked rows, for rows past the
      *             sequence and for rows a shifted block shares with the block before (so P = 0);
      *   dsum      rowsum(dO ⊙ O), 0 on those rows (bwd_prep.cu);
-     * dq_accum's row q is query q (or with FA3C_BWD_DQ_TILED, tile order:
-     * fa3c_bwd_dq_tile_offset): zeroed, then += dS·K (unscaled) by every
+     * dq_accum is in tile order (fa3c_bwd_dq_tile_offset): zeroed, then += dS·K (unscaled) by every
      * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq.
      * Its rows are the kernel's head dim wide (128 for hdim 96). */
     const float *lse_log2, *dsum;
@@ -114,7 +113,7 @@ static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, 
     return packed && block * rows + rows > len ? len - rows : block * rows;
 }
 
-/* dQ's accumulator in tile order (FA3C_BWD_DQ_TILED, bwd_tiles.h): query
+/* dQ's accumulator in tile order (bwd_tiles.h): query
  * block m of a (batch, head) holds its tile's rows x d floats at m x rows x
  * d, as 64 x 64 pieces (piece (r / 64) (d / 64) + c / 64: the part one
  * consumer warpgroup computes), each in the order of the wgmma accumulator:

@@ -80,16 +80,12 @@ __global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_dq_kernel(const fa3c_bw
     const PrepRow s = prep_sequence(p, batch);
     if (q >= s.sq) return;
     const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head);
-    if (FA3C_BWD_DQ_TILED) {   // tile order (fa3c_bwd_dq_tile_offset): query q is row q - q0 of block q / block_m's tile
-        const int m = q / p.block_m, r = q - fa3c_bwd_rows_start(m, p.block_m, s.sq, p.cu_seqlens_q != nullptr);
-        const float *tile = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * p.block_m) *
-                                             p.accum_cols;
-        for (int c = lane; c < p.headdim; c += 32)
-            store16<FP16>(p.dq, o + c, tile[fa3c_bwd_dq_tile_offset(r, c, p.accum_cols)] * p.softmax_scale);
-        return;
-    }
-    const float *acc = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + q) * p.accum_cols;
-    for (int c = lane; c < p.headdim; c += 32) store16<FP16>(p.dq, o + c, acc[c] * p.softmax_scale);
+    // Tile order (fa3c_bwd_dq_tile_offset): query q is row q - q0 of block q / block_m's tile.
+    const int m = q / p.block_m, r = q - fa3c_bwd_rows_start(m, p.block_m, s.sq, p.cu_seqlens_q != nullptr);
+    const float *tile = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * p.block_m) *
+                                         p.accum_cols;
+    for (int c = lane; c < p.headdim; c += 32)
+        store16<FP16>(p.dq, o + c, tile[fa3c_bwd_dq_tile_offset(r, c, p.accum_cols)] * p.softmax_scale);
 }
 
 static fa3c_status launched(const char *what) {

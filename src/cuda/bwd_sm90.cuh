@@ -12,15 +12,17 @@
 //                keys as the wgmma M dimension (so Pᵀ and dSᵀ come out of
 //                the accumulators already in register-A layout):
 //                  Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ          (wgmma, smem x smem)
-//                  Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e), masked to 0
-//                  dSᵀ = Pᵀ ⊙ (dPᵀ - dsum)
-//                  dV += Pᵀ·dO, dK += dSᵀ·Q         (wgmma, A from registers)
-//                  dSᵀ -> smem, then dQ(64 x 64) = dS·K (wgmma, both
-//                  operands MN-major in smem) added to an fp32 dQ in
-//                  global memory with vector atomics (deterministic = 1:
-//                  the key blocks add in a fixed order, add_dq_in_turn), or
-//                  with FA3C_BWD_DQ_WRITER through smem and one bulk
-//                  reduction per block by warp 1 (bwd_dq_writer).
+//                  Pᵀ = exp2(Sᵀ·scale·log2e - LSE·log2e), masked to 0,
+//                       under dPᵀ's GEMM
+//                  dSᵀ = Pᵀ ⊙ (dPᵀ - dsum); dSᵀ -> smem
+//                  dV += Pᵀ·dO                      (wgmma, A from registers)
+//                  dQ(64 x 64) = dS·K               (wgmma, both operands
+//                                                    MN-major in smem)
+//                  dK += dSᵀ·Q, while dQ is added to an fp32 dQ in global
+//                  memory: through smem and one bulk reduction per block
+//                  by warp 1 (FA3C_BWD_DQ_WRITER, bwd_dq_writer), or with
+//                  vector atomics (deterministic = 1: the key blocks add
+//                  in a fixed order, add_dq_in_turn).
 // dK and dV stay in registers for the whole walk (GQA: summed over the
 // group's heads) and are written once at the end, dK scaled. bwd_prep.cu
 // computes dsum and the LSE in log2 units before, and turns the fp32 dQ
@@ -275,15 +277,56 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
     hi = (int)max(min(last, (long long)cols), -1ll) - 2 * quad;
 }
 
-// Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
+// Pᵀ of this thread's elements, in place, while dPᵀ's GEMM may still run:
+// key rows as in probs_and_grads below, LSE from the slot (lse_addr). A
+// pair the mask hides (seen_columns) gets a score of -inf, so ex2 gives
+// P = 0. The compares cost less than they seem: the step waits on the
+// MUFU's ex2 throughput, and the issue slots have room beside it.
+template <int M>
+FA3C_DEVICE void bwd_probs(float *st, uint32_t lse_addr, float score_log2, const int lo[2], const int hi[2]) {
+    const int quad = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < M / 8; j++) {
+        const float2 lse = ld_shared_f32x2(lse_addr + (8 * j + 2 * quad) * 4);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * j + 2 * r + e;
+                float x = st[i] * score_log2 - (e ? lse.y : lse.x);
+                if (!(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
+                st[i] = ex2f(x);
+            }
+    }
+}
+
+// dSᵀ = Pᵀ ⊙ (dPᵀ - dsum), in place in dpt. Masked pairs have P = 0 and a
+// finite dP (the K and V rows outside the keys used are zeros in smem:
+// zero_unused_key_rows), so their dS is 0.
+template <int M>
+FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, uint32_t dsum_addr) {
+    const int quad = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < M / 8; j++) {
+        const float2 ds = ld_shared_f32x2(dsum_addr + (8 * j + 2 * quad) * 4);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * j + 2 * r + e;
+                dpt[i] = pt[i] * (dpt[i] - (e ? ds.y : ds.x));
+            }
+    }
+}
+
+// With softcap, both in one pass after both GEMMs (tanh's derivative joins
+// dS). Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
 // key0 + 8, query columns q0 + 8 j + 2 quad (+1). P = 0 where the row does
 // not see the column (seen_columns); padding query rows, and rows a shifted
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
 // there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
 // derivative.
-// MASKED = false: the CTA sees every element (bwd_cta_unmasked), so no
-// compares (FA3C_BWD_MASK_SPLIT).
-template <int M, bool SOFTCAP, bool MASKED = true>
+template <int M, bool SOFTCAP>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
@@ -296,7 +339,7 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e;
-                const bool seen = !MASKED || (8 * j + e >= lo[r] && 8 * j + e <= hi[r]);
+                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
                 float score = st[i], slope = 1.f;
                 if (SOFTCAP) {
                     const float t = tanh_approx(score * p.softcap_pre);
@@ -311,20 +354,25 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
     }
 }
 
-// With seqused_k the K rows outside the keys used may hold anything, NaN
-// included, and dQ = dS·K multiplies them by dS = 0: this warpgroup's rows
-// of them are zeroed once, before any wgmma reads the tile (the caller's
-// named barrier then makes every thread's zeros visible to both warpgroups:
-// dQ reads all 128 rows, except at hdim 64 with 64-row blocks). Outside means past this sequence's
-// keys used, or before its key 0: a shifted tile of a short packed
-// sequence starts in the sequence before, whose unused keys may be NaN.
+// With seqused_k or packed sequences the K and V rows outside the keys
+// used may hold anything, NaN included: dQ = dS·K multiplies K's by dS = 0,
+// and dS = P ⊙ (dP - dsum) multiplies the dP of V's by P = 0. This
+// warpgroup's rows of both are zeroed once, before any wgmma reads the
+// tiles (the caller's named barrier then makes every thread's zeros visible
+// to both warpgroups: dQ reads all 128 rows of K). Outside means past this
+// sequence's keys used, or before its key 0: a shifted tile of a short
+// packed sequence starts in the sequence before, whose unused keys may be
+// NaN.
 template <int D>
-FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, int k_start, int sk, int wg) {
+FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int sk, int wg) {
     const int first = k_start + wg * 64;
     if (first >= 0 && first + 64 <= sk) return;
     for (int u = threadIdx.x % 128; u < 64 * (D / 8); u += 128) {
         const int row = u / (D / 8), unit = u % (D / 8), key = first + row;
-        if (key < 0 || key >= sk) st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
+        if (key < 0 || key >= sk) {
+            st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
+            st_shared_zero16(smem_addr(swizzled_unit<128>(v, BWD_N, wg * 64 + row, unit)));
+        }
     }
     fence_proxy_async_smem();
 }
@@ -345,24 +393,7 @@ FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
                     frag[kk][3]);
 }
 
-// dq_accum += this thread's part of dq: tile rows row0 + warp * 16 +
-// lane / 4 (+ 8) are queries q0 + row, of which those in [own_lo, sq) are
-// this block's (own_lo = m M; a shifted tile starts before it); columns
-// col0 + 8 j + 2 quad (+1).
-FA3C_DEVICE void add_dq(float *dq_rows, const float *dq, int q0, int own_lo, int sq, int row0, int col0, int warp,
-                        int D) {
-    const int lane = threadIdx.x % 32, quad = lane % 4;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int q = q0 + row0 + warp * 16 + lane / 4 + 8 * r;
-        if (q < own_lo || q >= sq) continue;
-        float *row = dq_rows + (int64_t)q * D + col0 + 2 * quad;
-#pragma unroll
-        for (int j = 0; j < 8; j++) red_add_f32x2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-    }
-}
-
-// FA3C_BWD_DQ_TILED: this thread's dq (one 64 x 64 piece of the block's
+// This thread's dq (one 64 x 64 piece of the block's
 // tile, in the accumulator's order) added to the tile with 8 vector
 // reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
 // the block's own (a shifted tile's shared rows, padding) go to the block's
@@ -403,29 +434,20 @@ FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m) {
 // on the same launch order). One thread spins and releases; the named
 // barrier carries its acquire to the others and their adds to its release.
 template <int D>
-FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, float *dq_rows, const float *dq, int n_block,
-                                int batch, int head, int m, int q0, int sq, int rel_lo, int row0, int col0, int wg,
-                                int warp) {
+FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, const float *dq, int n_block, int batch, int head,
+                                int m, int rel_lo, int wg) {
     enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M) };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
     if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-    if (FA3C_BWD_DQ_TILED) {
-        float *tile = bwd_dq_tile<D>(p, batch, head, m);
-        if (KEY_SPLIT) {
-            if (wg == 0) add_dq_tiled(tile, dq, 0);
-            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-            if (wg == 1) add_dq_tiled(tile, dq, 0);
-        } else {
-            add_dq_tiled(tile, dq, wg);
-        }
-    } else if (KEY_SPLIT) {
-        if (wg == 0) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
+    float *tile = bwd_dq_tile<D>(p, batch, head, m);
+    if (KEY_SPLIT) {
+        if (wg == 0) add_dq_tiled(tile, dq, 0);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-        if (wg == 1) add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
+        if (wg == 1) add_dq_tiled(tile, dq, 0);
     } else {
-        add_dq(dq_rows, dq, q0, m * M, sq, row0, col0, warp, D);
+        add_dq_tiled(tile, dq, wg);
     }
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     if (leader) {
@@ -459,99 +481,127 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 
 // ---- consumer ----------------------------------------------------------------------
 
+// Step it's Sᵀ = K·Qᵀ for this warpgroup's 64 keys, once its slot has
+// landed: one commit group.
+template <int D, int FP16>
+FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
+    const int s = it % BWD_STAGES;
+    mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+    wgmma_fence();
+    gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
+    wgmma_commit();
+}
+
 // SOFTCAP: p.softcap != 0, a copy of its own, picked once per CTA rather
 // than branched on inside the loop.
-// MASKED = false (FA3C_BWD_MASK_SPLIT): the CTA sees every element of its
-// walk (bwd_cta_unmasked), a copy without the mask's compares.
-template <int D, int FP16, bool SOFTCAP, bool MASKED = true>
+//
+// One step, in FA3's order, so that element-wise work and the dQ handoff
+// run under the tensor cores' GEMMs:
+//   Sᵀ, dPᵀ issued (two groups); Pᵀ once Sᵀ is done, under dPᵀ's GEMM; dSᵀ;
+//   dSᵀ to smem; dV issued; the barrier (both warpgroups' dSᵀ in smem);
+//   dQ issued, then dK once dV is done (its P fragments are free);
+//   dQ handed on (writer, atomics or in turn) under dK's GEMM;
+//   the slot released once dK has read Q.
+template <int D, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
                               int wg) {
     enum { M = FA3C_BWD_BLOCK_M(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
-    const int dq_row0 = D == 64 && M == 128 ? wg * 64 : 0, dq_col0 = D == 128 ? wg * 64 : 0;   // gemm_dq's split
     float dk[D / 2], dv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.f;
     if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
         mbar_wait_parity(&sm.kv_full, 0);
-        if (p.seqused_k) {   // both warpgroups' zeros before any wgmma reads the tile
-            zero_unused_key_rows<D>(sm.k, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), wg);
+        if (p.seqused_k || p.cu_seqlens_k) {   // both warpgroups' zeros before any wgmma reads the tiles
+            zero_unused_key_rows<D>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), wg);
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         }
     }
     // One walk over (head of the group, query block), the producer's order.
-    // Its bounds and the sequence's fields come from smem at each step:
-    // registers are full, and ptxas spilled the nested loops' counters.
-    for (int it = 0; it < p.group * (BWD_SEQ(sm, m_end) - BWD_SEQ(sm, m_begin)); it++) {
+    // The sequence's fields come from smem at each step: registers are full.
+    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
+    int m = m_begin, head = head_kv * p.group;
+    float st[M / 2];
+    for (int it = 0; it < steps; it++) {
         const int s = it % BWD_STAGES;
-        mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
-        float st[M / 2], dpt[M / 2];
+        float dpt[M / 2];
+        issue_scores<D, FP16>(st, sm, it, wg);
         wgmma_fence();
-        gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
-        wgmma_commit();
         gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
         wgmma_commit();
 
         // Which elements this thread's rows see (seen_columns).
+        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
+        const int rel_lo = BWD_SEQ(sm, rel_lo);
         int lo[2], hi[2];
-        if (MASKED) {
-            const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
-            const int m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq), quad = lane % 4;
-            const int key0 = BWD_SEQ(sm, k_start) + row_in_tile;
-            const int q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
-            const int sk = BWD_SEQ(sm, sk), rel_lo = BWD_SEQ(sm, rel_lo), rel_hi = BWD_SEQ(sm, rel_hi);
-            seen_columns(key0, n_block * BWD_N, sk, rel_lo, rel_hi, q0, M, quad, lo[0], hi[0]);
-            seen_columns(key0 + 8, n_block * BWD_N, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
+        {
+            const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, quad = lane % 4;
+            const int sk = BWD_SEQ(sm, sk), rel_hi = BWD_SEQ(sm, rel_hi);
+            seen_columns(key0, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[0], hi[0]);
+            seen_columns(key0 + 8, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
         }
 
-        // Pᵀ and dSᵀ; dSᵀ to smem for dQ = dS·K (before the wgmma that reads
-        // ds_frag is issued: an in-flight wgmma's registers are not to be
-        // touched). Buffer it % 2: the barrier of block it - 1 came after
-        // both warpgroups' dQ(it - 2) was complete. Then dV += Pᵀ·dO and
-        // dK += dSᵀ·Q, left in flight under the barrier and dQ.
+        // Pᵀ under dPᵀ's GEMM, then dSᵀ (with softcap both after both GEMMs:
+        // tanh's derivative). (dV issued between the two, so that dSᵀ runs
+        // under its GEMM, measured no faster: run 97.)
         uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
+        if (SOFTCAP) {
+            wgmma_wait<0>();
+            bwd_fence_regs<M / 2>(st);
+            bwd_fence_regs<M / 2>(dpt);
+            probs_and_grads<M, true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+            probs_to_fragments<M, FP16>(st, p_frag);
+        } else {
+            wgmma_wait<1>();
+            bwd_fence_regs<M / 2>(st);
+            bwd_probs<M>(st, smem_addr(sm.lse_log2[s]), p.score_log2, lo, hi);
+            probs_to_fragments<M, FP16>(st, p_frag);
+            wgmma_wait<0>();
+            bwd_fence_regs<M / 2>(dpt);
+            bwd_grads<M>(dpt, st, smem_addr(sm.dsum[s]));
+        }
+
+        // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is
+        // issued (an in-flight wgmma's registers are not to be touched).
+        // Buffer it % 2: the barrier of step it - 1 came after both
+        // warpgroups' dQ(it - 2) was complete.
         uint8_t *ds = sm.ds[it % 2];
-        wgmma_wait<0>();
-        bwd_fence_regs<M / 2>(st);
-        bwd_fence_regs<M / 2>(dpt);
-        probs_and_grads<M, SOFTCAP, MASKED>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
-        probs_to_fragments<M, FP16>(st, p_frag);
         probs_to_fragments<M, FP16>(dpt, ds_frag);
         store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
         wgmma_fence();
         gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
-        gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
         wgmma_commit();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         float dq[32];
         wgmma_fence();
         gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>();   // dV is done: p_frag is free
+        wgmma_fence();
+        gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
+        wgmma_commit();
+        wgmma_wait<1>();   // dQ is done; dK runs on
         bwd_fence_regs<32>(dq);
 
-        // The slot's Q, dO, LSE and dsum are read: release it, then add dQ.
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.empty[s]);
-        const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
-        const int head = head_kv * p.group + it / blocks, m = m_begin + it % blocks, sq = BWD_SEQ(sm, sq);
-        const int q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
-        float *dq_rows = p.dq_accum + ((int64_t)batch * p.heads_q + head) * p.rows_pad * D;
+        // dQ added under dK's GEMM.
         if (p.dq_semaphore) {
-            add_dq_in_turn<D>(p, dq_rows, dq, n_block, batch, head, m, q0, sq, BWD_SEQ(sm, rel_lo), dq_row0, dq_col0,
-                              wg, warp);
+            add_dq_in_turn<D>(p, dq, n_block, batch, head, m, rel_lo, wg);
         } else if (bwd_dq_writer_on<D>()) {   // the writer's buffer is free once it has read step it - 1's
             if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
             put_dq_tiled(sm.dq, &sm.dq_full, dq, wg);
-        } else if (FA3C_BWD_DQ_TILED) {
-            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         } else {
-            add_dq(dq_rows, dq, q0, m * M, sq, dq_row0, dq_col0, warp, D);
+            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         }
+
+        // dK has read Q: the slot's Q, dO, LSE and dsum are free.
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty[s]);
+        if (++m == m_end) m = m_begin, head++;
     }
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
@@ -560,18 +610,6 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored,
                             p.headdim);
     store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored, p.headdim);
-}
-
-// Does every (query, key) element of this CTA's walk count, so that the
-// consumers need no mask (FA3C_BWD_MASK_SPLIT)? No causal mask or window,
-// and all 128 keys are its own (an unshifted tile) and used. Query rows
-// need no mask: padding rows and a shifted tile's shared rows have
-// lse_log2 = +inf, so P = 0 there, and their dS is 0 as the K and V rows
-// are used ones (finite).
-template <int D>
-FA3C_DEVICE bool bwd_cta_unmasked(BwdSmem<D> &sm, int n_block) {
-    return BWD_SEQ(sm, rel_lo) == INT_MIN && BWD_SEQ(sm, rel_hi) == INT_MAX &&
-           BWD_SEQ(sm, k_start) == n_block * BWD_N && (n_block + 1) * BWD_N <= BWD_SEQ(sm, sk);
 }
 
 // ---- the kernel --------------------------------------------------------------------
@@ -615,14 +653,6 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         else if (bwd_dq_writer_on<D>() && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
-        // hdim 128 only: at hdim 64 the unmasked copy spilled 8-44 bytes (ptxas).
-        if constexpr (FA3C_BWD_MASK_SPLIT && D == 128) {
-            if (bwd_cta_unmasked(sm, n_block)) {
-                if (p.softcap != 0.f) bwd_consumer<D, FP16, true, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
-                else bwd_consumer<D, FP16, false, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
-                return;
-            }
-        }
         if (p.softcap != 0.f) bwd_consumer<D, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
         else bwd_consumer<D, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
     }

@@ -35,32 +35,18 @@
 /* setmaxnreg budgets: 24 + 2 x 240 per thread-row is 64512 of the 65536. */
 #define FA3C_BWD_PRODUCER_REGS 24
 #define FA3C_BWD_CONSUMER_REGS 240
-/* dQ's fp32 accumulator in tile order (fa3c_bwd_dq_tile_offset, bwd_params.h)
- * instead of row-major: each thread adds its dQ with 8 vector reductions of 4
- * floats, a warp's covering 512 contiguous bytes, instead of 16 of 2 floats
- * over 8 rows; no row masks (rows outside the block add zeros to its own
- * slots). FA3C_BWD_DQ_WRITER (needs TILED): the consumers put dQ in smem
- * and warp 1 of the producer warpgroup adds the block with one bulk
- * reduction (cp.reduce.async.bulk), FA3's dQ path; not with deterministic = 1
- * (the consumers' in-turn reductions) or hdim 64's 64-row blocks (both
- * warpgroups add to the same elements). Both on since run 94 (H100: the
- * writer +15-20% at 2k-8k); 0 builds the consumers' row-major reductions. */
-#ifndef FA3C_BWD_DQ_TILED
-#define FA3C_BWD_DQ_TILED 1
-#endif
+/* dQ's fp32 accumulator is in tile order (fa3c_bwd_dq_tile_offset,
+ * bwd_params.h): a block's dQ is one contiguous piece, added with vector
+ * reductions of 4 floats, a warp's covering 512 contiguous bytes, and no row
+ * masks (rows outside the block add zeros to its own slots).
+ * FA3C_BWD_DQ_WRITER: the consumers put dQ in smem and warp 1 of the
+ * producer warpgroup adds the block with one bulk reduction
+ * (cp.reduce.async.bulk), FA3's dQ path; not with deterministic = 1 (the
+ * consumers' in-turn reductions) or hdim 64's 64-row blocks (both
+ * warpgroups add to the same elements). On since run 94 (H100: +15-20% at
+ * 2k-8k); 0 builds the consumers' own reductions. */
 #ifndef FA3C_BWD_DQ_WRITER
 #define FA3C_BWD_DQ_WRITER 1
-#endif
-#if FA3C_BWD_DQ_WRITER && !FA3C_BWD_DQ_TILED
-#error "FA3C_BWD_DQ_WRITER needs FA3C_BWD_DQ_TILED"
-#endif
-
-/* CTAs whose whole walk is unmasked (no causal mask or window, all their
- * keys used: most CTAs of a non-causal call) take a copy of the consumer
- * without the mask's compares; hdim 128 only (at hdim 64 that copy spilled).
- * Off until GPU-run. */
-#ifndef FA3C_BWD_MASK_SPLIT
-#define FA3C_BWD_MASK_SPLIT 0
 #endif
 
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed, run 94;

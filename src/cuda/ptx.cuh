@@ -271,6 +271,11 @@ FA3C_DEVICE void st_shared_f32x4(float *dst, float x, float y, float z, float w)
 FA3C_DEVICE void st_shared_s32(uint32_t addr, int x) {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
 }
+FA3C_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
 FA3C_DEVICE int ld_shared_s32(uint32_t addr) {
     int x;
     asm volatile("ld.shared.b32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");

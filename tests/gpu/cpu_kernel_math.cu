@@ -128,7 +128,7 @@ TEST(bwd_walk_sees_each_pair_once) {
     CHECK(errors == 0, "%d errors in the backward's walk", errors);
 }
 
-// dQ's tile order (fa3c_bwd_dq_tile_offset, FA3C_BWD_DQ_TILED): each tile
+// dQ's tile order (fa3c_bwd_dq_tile_offset): each tile
 // element has one slot, and a warpgroup's accumulator element i of thread t
 // (wgmma m64n64 layout: row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
 // column 8 (i / 4) + 2 (t % 4) + i % 2) of piece p lands where the kernel
