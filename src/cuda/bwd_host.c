@@ -32,11 +32,23 @@ static const bwd_instance bwd_instances[] = {
 #ifdef FA3C_BWD_INST_bf16_hdim128
     {FA3C_DTYPE_BF16, 128, fa3c_bwd_sm90_bf16_hdim128},
 #endif
+#ifdef FA3C_BWD_INST_bf16_hdim192
+    {FA3C_DTYPE_BF16, 192, fa3c_bwd_sm90_bf16_hdim192},
+#endif
+#ifdef FA3C_BWD_INST_bf16_hdim256
+    {FA3C_DTYPE_BF16, 256, fa3c_bwd_sm90_bf16_hdim256},
+#endif
 #ifdef FA3C_BWD_INST_fp16_hdim64
     {FA3C_DTYPE_FP16, 64, fa3c_bwd_sm90_fp16_hdim64},
 #endif
 #ifdef FA3C_BWD_INST_fp16_hdim128
     {FA3C_DTYPE_FP16, 128, fa3c_bwd_sm90_fp16_hdim128},
+#endif
+#ifdef FA3C_BWD_INST_fp16_hdim192
+    {FA3C_DTYPE_FP16, 192, fa3c_bwd_sm90_fp16_hdim192},
+#endif
+#ifdef FA3C_BWD_INST_fp16_hdim256
+    {FA3C_DTYPE_FP16, 256, fa3c_bwd_sm90_fp16_hdim256},
 #endif
     {FA3C_DTYPE_FP32, 0, NULL}};
 
@@ -67,7 +79,7 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported yet (64, 96, 128)",
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported (64, 96, 128, 192, 256)",
                           pr->headdim);
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
@@ -96,15 +108,15 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
 static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int block_m,
                                       int rows_pad) {
     const fa3c_problem *pr = &p->problem;
-    const int d = pr->headdim;
+    const int d = pr->headdim, block_n = FA3C_BWD_BLOCK_N(FA3C_BWD_KERNEL_HEADDIM(d));
     fa3c_status s;
     memset(k, 0, sizeof *k);
     int q_outer, q_rows, k_outer, k_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
     if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
         (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
-        (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)) ||
-        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, FA3C_BWD_BLOCK_N)))
+        (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, block_n)) ||
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, block_n)))
         return s;
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;

@@ -3,12 +3,17 @@
 #pragma once
 #include <cuda_runtime.h>
 #include "bwd_sm90.cuh"
+#include "bwd_wide_sm90.cuh"
 #include "backend.h"
 #include "launch_check.cuh"
 
 template <int D, int FP16>
 static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stream) {
-    const size_t smem = bwd_smem_bytes<D>();
+    // Head dims 64-128: bwd_sm90.cuh's kernel; 192 and 256: bwd_wide_sm90.cuh's.
+    void (*kernel)(fa3c_bwd_kernel_params);
+    size_t smem;
+    if constexpr (D > 128) kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
+    else kernel = bwd_kernel<D, FP16>, smem = bwd_smem_bytes<D>();
     static int launch_regs = -1;
     const int budget = 128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS;
     // The host (C flags) and this kernel (CUDA flags) must agree on the knobs
@@ -19,11 +24,11 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
                           "of head dim %d; this kernel was built for %d-row blocks (FA3C_BWD_* knobs differ between "
                           "the C and CUDA flags)", D, p->rows_pad / (p->num_m_blocks > 0 ? p->num_m_blocks : 1),
                           p->headdim, FA3C_BWD_BLOCK_M(D));
-    fa3c_status s = prepare_launch(bwd_kernel<D, FP16>, smem, FA3C_BWD_THREADS, budget, &launch_regs, "backward kernel", D);
+    fa3c_status s = prepare_launch(kernel, smem, FA3C_BWD_THREADS, budget, &launch_regs, "backward kernel", D);
     if (s != FA3C_STATUS_OK) return s;
-    const dim3 grid((unsigned)((p->seqlen_k + FA3C_BWD_BLOCK_N - 1) / FA3C_BWD_BLOCK_N), (unsigned)p->heads_kv,
+    const dim3 grid((unsigned)((p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D)), (unsigned)p->heads_kv,
                     (unsigned)p->batch);
-    bwd_kernel<D, FP16><<<grid, FA3C_BWD_THREADS, smem, stream>>>(*p);
+    kernel<<<grid, FA3C_BWD_THREADS, smem, stream>>>(*p);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "backward kernel (hdim %d) launch failed: %s", D, cudaGetErrorString(e));

@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 typedef struct fa3c_bwd_kernel_params {
-    /* 128B-swizzled boxes of 64 columns: K and V of FA3C_BWD_BLOCK_N rows,
+    /* 128B-swizzled boxes of 64 columns: K and V of FA3C_BWD_BLOCK_N(headdim) rows,
      * Q and dO of FA3C_BWD_BLOCK_M(headdim) rows; rows past the end read as zeros.
      * Packed sequences (cu_seqlens): one batch of batch x seqlen tokens (a
      * bound; every box stays inside its sequence or before it:

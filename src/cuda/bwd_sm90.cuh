@@ -36,37 +36,13 @@
 // takes all columns over its own 64 keys, twice the atomics.) Every dQ
 // wgmma is m64n64 on whole 128-byte rows.
 #pragma once
-#include <limits.h>
-#include "ptx.cuh"
 #include "wgmma.cuh"
 #include "softmax.cuh"   // probs_to_fragments
-#include "bwd_params.h"
 #include "bwd_tiles.h"
+#include "bwd_common.cuh"
 
-// Named-barrier ids (0 is __syncthreads), both for the two consumer
-// warpgroups: their dSᵀ rows are in smem (and the older dS buffer is free
-// again); the steps of a deterministic dQ turn (add_dq_in_turn).
-enum BwdNamedBarrier { BAR_BWD_DS_READY = 1, BAR_BWD_DQ_TURN = 2 };
+enum { BWD_N = FA3C_BWD_BLOCK_N(128) };   // keys per CTA (64 and 128 alike)
 
-enum {
-    BWD_N = FA3C_BWD_BLOCK_N,
-    BWD_STAGES = FA3C_BWD_STAGES,
-    BWD_ROW_BYTES = 128,              // tiles are column chunks of 64 elements, 128-byte swizzle
-    BWD_ATOM_BYTES = 8 * BWD_ROW_BYTES
-};
-
-// The lengths, tokens and mask of the CTA's sequence, worked out by one
-// thread (bwd_sequence) and read from smem where needed: the consumers'
-// registers are full.
-struct BwdSeq {
-    int sq, sk, sk_stored;     // queries; keys used (the mask: seqused_k); keys stored (dk, dv rows written)
-    int q_tok0, k_tok0;        // token of query / key 0 in the tensors (packed sequences; else 0)
-    int q_batch, k_batch;      // the maps' batch coordinate: the batch, or 0 for packed sequences
-    int q_packed;              // 1: query tiles may be shifted (fa3c_bwd_rows_start)
-    int k_start;               // key of the K/V tile's row 0 (fa3c_bwd_rows_start)
-    int rel_lo, rel_hi;        // query i sees key j < sk iff rel_lo <= j - i <= rel_hi
-    int m_begin, m_end;        // the query blocks with a row that sees a key of this block
-};
 
 // Do the warpgroups split dQ by keys (hdim 64 with 64-row blocks), so that
 // both add to the same elements? Otherwise each adds its own 64 x 64 piece
@@ -102,89 +78,6 @@ struct BwdSmem {
     uint64_t dq_full, dq_empty;
     alignas(128) float dq[bwd_dq_writer_on<D>() ? M * D : 4];
 };
-
-FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
-
-// Query blocks (of block_m rows) [m_begin, m_end) with a row that sees one
-// of this CTA's own keys [n_block BWD_N, + BWD_N) (empty under a causal
-// mask or window that hides them from every query, or when they are past
-// the keys used). This and the other host-device index functions here are
-// checked against brute force on the CPU (tests/gpu/cpu_kernel_math.cu).
-FA3C_HOST_DEVICE void bwd_query_blocks(const BwdSeq &q, int n_block, int block_m, int &m_begin, int &m_end) {
-    const long long k_first = (long long)n_block * BWD_N, k_last = min(k_first + BWD_N, (long long)q.sk) - 1;
-    const long long i_min = max(k_first - q.rel_hi, 0ll), i_max = min(k_last - q.rel_lo, (long long)q.sq - 1);
-    if (k_first > k_last || i_min > i_max) {
-        m_begin = m_end = 0;
-        return;
-    }
-    m_begin = (int)(i_min / block_m);
-    m_end = (int)(i_max / block_m) + 1;
-}
-
-FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_block, int batch, int block_m) {
-    BwdSeq q;
-    q.q_tok0 = q.k_tok0 = 0;
-    q.sq = p.seqlen_q;
-    q.sk_stored = p.seqlen_k;
-    if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &q.q_tok0, &q.sq);
-    if (p.cu_seqlens_k) fa3c_bwd_packed_sequence(p.cu_seqlens_k, batch, p.batch, p.seqlen_k, &q.k_tok0, &q.sk_stored);
-    q.sk = p.seqused_k ? max(min(p.seqused_k[batch], q.sk_stored), 0) : q.sk_stored;
-    q.q_batch = p.cu_seqlens_q ? 0 : batch;
-    q.k_batch = p.cu_seqlens_k ? 0 : batch;
-    q.q_packed = p.cu_seqlens_q != nullptr;
-    q.k_start = fa3c_bwd_rows_start(n_block, BWD_N, q.sk_stored, p.cu_seqlens_k != nullptr);
-    const long long diag = (long long)q.sk - q.sq;   // bottom-right aligned, per sequence (src/problem.h)
-    q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;
-    q.rel_hi = p.window_right >= 0 ? clamp_to_int(diag + p.window_right) : INT_MAX;
-    bwd_query_blocks(q, n_block, block_m, q.m_begin, q.m_end);
-    return q;
-}
-
-// A field of the CTA's BwdSeq, read from smem where it is used (a 32-bit
-// shared load that ptxas can neither hoist nor keep in a register).
-#define BWD_SEQ(sm, field) ld_shared_s32(smem_addr(&(sm).seq.field))
-
-// ---- producer ----------------------------------------------------------------------
-
-// A tile of `rows` rows at row0 of (head, batch), as D / 64 boxes.
-template <int D>
-FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int rows, int row0, int head,
-                               int batch) {
-#pragma unroll
-    for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * rows * BWD_ROW_BYTES, map, bar, c * 64, row0, head, batch);
-}
-
-template <int D>
-FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
-    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end);
-    if (m_begin >= m_end) return;
-    const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
-    mbar_arrive_expect_tx(&sm.kv_full, 2 * BWD_N * D * 2);
-    bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, BWD_N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
-    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, BWD_N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
-    int it = 0;
-    for (int g = 0; g < p.group; g++) {
-        const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
-        for (int m = m_begin; m < m_end; m++, it++) {
-            const int s = it % BWD_STAGES;
-            const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
-            if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
-            mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
-            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
-            tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
-        }
-    }
-}
-
-// The tile-order dQ of query block m of `head` (fa3c_bwd_dq_tile_offset).
-template <int D>
-FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
-    return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
-}
 
 // FA3C_BWD_DQ_WRITER, one thread of the producer warpgroup: per step (the
 // consumers' walk), wait for both warpgroups' dQ in sm.dq, add it to the
@@ -254,12 +147,6 @@ FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg)
     for (int kk = 0; kk < KEYS / 16; kk++)
         wgmma_ss_mn<64, FP16>(dq, smem_desc_advance(ds_desc, kk * 16 * BWD_ROW_BYTES),
                               smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
-}
-
-template <int N>
-FA3C_DEVICE void bwd_fence_regs(float *x) {
-#pragma unroll
-    for (int i = 0; i < N; i++) reg_fence(x[i]);
 }
 
 // ---- consumer element-wise steps ---------------------------------------------------
@@ -354,29 +241,6 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
     }
 }
 
-// With seqused_k or packed sequences the K and V rows outside the keys
-// used may hold anything, NaN included: dQ = dS·K multiplies K's by dS = 0,
-// and dS = P ⊙ (dP - dsum) multiplies the dP of V's by P = 0. This
-// warpgroup's rows of both are zeroed once, before any wgmma reads the
-// tiles (the caller's named barrier then makes every thread's zeros visible
-// to both warpgroups: dQ reads all 128 rows of K). Outside means past this
-// sequence's keys used, or before its key 0: a shifted tile of a short
-// packed sequence starts in the sequence before, whose unused keys may be
-// NaN.
-template <int D>
-FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int sk, int wg) {
-    const int first = k_start + wg * 64;
-    if (first >= 0 && first + 64 <= sk) return;
-    for (int u = threadIdx.x % 128; u < 64 * (D / 8); u += 128) {
-        const int row = u / (D / 8), unit = u % (D / 8), key = first + row;
-        if (key < 0 || key >= sk) {
-            st_shared_zero16(smem_addr(swizzled_unit<128>(k, BWD_N, wg * 64 + row, unit)));
-            st_shared_zero16(smem_addr(swizzled_unit<128>(v, BWD_N, wg * 64 + row, unit)));
-        }
-    }
-    fence_proxy_async_smem();
-}
-
 // This warp's 16 key rows of dSᵀ (A fragments, 16-bit; M queries) into
 // the dS buffer, 8x8 matrices at a time: fragment register j of k-step kk
 // is the matrix of rows 8 (j % 2).., columns 16 kk + 8 (j / 2)..
@@ -393,18 +257,6 @@ FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
                     frag[kk][3]);
 }
 
-// This thread's dq (one 64 x 64 piece of the block's
-// tile, in the accumulator's order) added to the tile with 8 vector
-// reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
-// the block's own (a shifted tile's shared rows, padding) go to the block's
-// own slots, which bwd_prep.cu's dq kernel never reads (it reads tile row
-// q - q0 for the block's own queries q only); they hold zeros anyway (dS = 0).
-FA3C_DEVICE void add_dq_tiled(float *tile, const float *dq, int piece) {
-    float *dst = tile + piece * 4096 + (threadIdx.x % 128) * 4;
-#pragma unroll
-    for (int k = 0; k < 8; k++) red_add_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
-}
-
 // FA3C_BWD_DQ_WRITER: the same into sm.dq (the writer's buffer; the caller
 // waited for it to be free), then this warp's arrival on dq_full.
 FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, int piece) {
@@ -414,15 +266,6 @@ FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, in
     fence_proxy_async_smem();   // the bulk reduction reads it through the async proxy
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(dq_full);
-}
-
-// The first key block that sees query block m (of block_m rows): the key
-// blocks that do form a contiguous range (bwd_query_blocks' bounds grow
-// with the key block), starting at the one holding the first row's first
-// key.
-FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m) {
-    const long long first_key = (long long)m * block_m + rel_lo;
-    return first_key <= 0 ? 0 : (int)(first_key / BWD_N);
 }
 
 // Deterministic dQ (p.dq_semaphore): wait until the key blocks before this
@@ -439,7 +282,7 @@ FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, const float *dq
     enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M) };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
-    if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M));
+    if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, BWD_N));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     float *tile = bwd_dq_tile<D>(p, batch, head, m);
     if (KEY_SPLIT) {
@@ -514,7 +357,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
         mbar_wait_parity(&sm.kv_full, 0);
         if (p.seqused_k || p.cu_seqlens_k) {   // both warpgroups' zeros before any wgmma reads the tiles
-            zero_unused_key_rows<D>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), wg);
+            zero_unused_key_rows<D, BWD_N>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), wg * 64, 64);
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         }
     }
@@ -617,7 +460,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 // Grid: (key blocks of the longest sequence, heads_kv, batch).
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
-    static_assert(FA3C_BWD_HEADDIM_OK(D), "backward head dims: 64 and 128");
+    static_assert(D == 64 || D == 128, "this kernel: head dims 64 and 128 (96 on 128's)");
     static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
                   "setmaxnreg budgets past the register file");
     extern __shared__ uint8_t smem_raw[];
@@ -625,7 +468,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
 
     if (threadIdx.x == 0) {
-        sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D));
+        sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D), BWD_N);
         tma_prefetch_map(&p.q_map);
         tma_prefetch_map(&p.k_map);
         tma_prefetch_map(&p.v_map);

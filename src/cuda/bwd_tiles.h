@@ -1,22 +1,28 @@
-/* Tile sizes and register budgets of the backward kernel (bwd_sm90.cuh),
- * shared by the C host code and the CUDA kernels.
+/* Tile sizes and register budgets of the backward kernels, shared by the C
+ * host code and the CUDA kernels.
  *
- * One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
+ * One CTA owns BLOCK_N(D) keys of one (batch, K/V head) and walks the
  * query blocks of BLOCK_M(D) rows that see them, for every query head of
  * its GQA group; dK and dV stay in the registers of its two consumer
- * warpgroups (64 keys each) the whole time, so they need no atomics and are
- * deterministic. At hdim 128, 64 query rows per step keep the four
- * accumulators of a warpgroup (Sᵀ and dPᵀ 64 x 64, dV and dK 64 x 128)
- * inside 240 registers, as FA3 does. At hdim 64, dK and dV take half as
- * many, and 128 query rows per step (Sᵀ and dPᵀ 64 x 128) fit: twice the
- * work per step for the same per-step costs (waits, barriers, the softmax's
- * loads), wgmma N = 128 for Sᵀ and dPᵀ, and dQ split by query rows between
- * the warpgroups rather than by keys, so no dQ element is added twice (FA3
- * takes 128 x 128 at hdim 64 too). Kernels for head dims 64 and 128; hdim 96
- * runs on hdim 128's (FA3C_BWD_KERNEL_HEADDIM), its columns 96-127 zeros
- * that TMA fills in past the tensors' 96 columns, so 3/4 of its GEMM work is
- * useful. bwd_host.c says NOT_SUPPORTED for 192 and 256: 256's dK + dV alone
- * would take 256 registers. */
+ * warpgroups the whole time, so they need no atomics and are
+ * deterministic.
+ *
+ * Head dims 64-128 (bwd_sm90.cuh): 128 keys, 64 per warpgroup. At hdim 128,
+ * 64 query rows per step keep the four accumulators of a warpgroup (Sᵀ and
+ * dPᵀ 64 x 64, dV and dK 64 x 128) inside 240 registers, as FA3 does. At
+ * hdim 64, dK and dV take half as many, and 128 query rows per step (Sᵀ and
+ * dPᵀ 64 x 128) fit: twice the work per step for the same per-step costs
+ * (waits, barriers, the softmax's loads), wgmma N = 128 for Sᵀ and dPᵀ, and
+ * dQ split by query rows between the warpgroups rather than by keys, so no
+ * dQ element is added twice (FA3 takes 128 x 128 at hdim 64 too). hdim 96
+ * runs on hdim 128's kernel (FA3C_BWD_KERNEL_HEADDIM), its columns 96-127
+ * zeros that TMA fills in past the tensors' 96 columns, so 3/4 of its GEMM
+ * work is useful.
+ *
+ * Head dims 192 and 256 (bwd_wide_sm90.cuh): 64 keys and 64 query rows;
+ * 128 keys' dK + dV would take 256 registers per thread at hdim 256. The
+ * warpgroups split dK and dV by head-dim columns (128 of them each at hdim
+ * 256), S and dP by keys (32 each). */
 #ifndef FA3C_BWD_TILES_H
 #define FA3C_BWD_TILES_H
 
@@ -28,7 +34,11 @@
 #define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
 #define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
-#define FA3C_BWD_BLOCK_N 128
+/* Keys per CTA: 128 (two consumer warpgroups of 64 key rows each,
+ * bwd_sm90.cuh), or 64 at the wide head dims 192 and 256
+ * (bwd_wide_sm90.cuh), where dK and dV of 64 keys already take 128 of a
+ * consumer thread's registers. */
+#define FA3C_BWD_BLOCK_N(d) ((d) > 128 ? 64 : 128)
 #define FA3C_BWD_STAGES 2          /* Q / dO / LSE / dsum slots in the ring */
 #define FA3C_BWD_CONSUMERS 2
 #define FA3C_BWD_THREADS (128 * (1 + FA3C_BWD_CONSUMERS))
@@ -54,7 +64,8 @@
 #ifndef FA3C_BWD_HDIM96
 #define FA3C_BWD_HDIM96 1
 #endif
-#define FA3C_BWD_HEADDIM_OK(d) ((d) == 64 || (FA3C_BWD_HDIM96 && (d) == 96) || (d) == 128)
+#define FA3C_BWD_HEADDIM_OK(d) \
+    ((d) == 64 || (FA3C_BWD_HDIM96 && (d) == 96) || (d) == 128 || (d) == 192 || (d) == 256)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) == 96 ? 128 : (d))   /* the instance a head dim runs on */
 
 #endif

@@ -1,7 +1,7 @@
 # CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
 # ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute;
 # "all" leaves the *_varlen ones out with FA3C_CUDA_VARLEN=OFF).
-# Each forward instance bf16/fp16_hdim64/128 brings the backward instance of
+# Each forward instance bf16/fp16_hdim64/128/192/256 brings the backward instance of
 # the same name (inst/bwd_*.cu; bwd_tiles.h has its head dims), and
 # bf16_hdim128/256 the e4m3 forward of the head dim (inst/fwd_e4m3_*.cu).
 # (tools/gen_instances.py writes the files)
@@ -22,7 +22,8 @@ set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_
                       ${PROJECT_SOURCE_DIR}/src/cuda/fwd_plan.c ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu
                       ${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/bwd_prep.cu
                       ${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c ${PROJECT_SOURCE_DIR}/src/cuda/fp8_prep.cu)
-set(FA3C_BWD_INSTANCES bf16_hdim64 bf16_hdim128 fp16_hdim64 fp16_hdim128)
+set(FA3C_BWD_INSTANCES bf16_hdim64 bf16_hdim128 bf16_hdim192 bf16_hdim256 fp16_hdim64 fp16_hdim128 fp16_hdim192
+                       fp16_hdim256)
 set(_fa3c_bwd_defs "")
 set(_fa3c_fp8_defs "")
 set(_fa3c_defs "")

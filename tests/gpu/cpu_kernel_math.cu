@@ -14,6 +14,7 @@
 #include "gpu_util.cuh"
 #include "problem.h"
 #include "../../src/cuda/bwd_sm90.cuh"
+#include "../../src/cuda/bwd_wide_sm90.cuh"
 #include "../../src/cuda/fwd_fp8_sm90.cuh"
 
 // The API's mask (src/problem.h) for one pair.
@@ -32,11 +33,27 @@ static fa3c_problem mask_problem(int causal, int wl, int wr) {
     return pr;
 }
 
+// The (query, key) pairs one tile element of the backward's walk stands for:
+// query q0 + c with c = 8 j + 2 quad + e in the narrow kernel (key rows,
+// bwd_sm90.cuh), key kc0 + c in the wide one (query rows, bwd_wide_sm90.cuh).
+// Counts it if it is seen (the element compares its constant 8 j + e with
+// lo and hi) and its row has a finite LSE (the preprocessing's rule: the
+// block's own queries, bwd_prep.cu); returns 1 if such a pair is outside the
+// tensors.
+static int count_pair(int *count, int sk_stored, int q, int key, int own_q_lo, int sq, int seen) {
+    if (!seen || q < own_q_lo || q >= sq) return 0;
+    if (key < 0 || key >= sk_stored) return 1;
+    count[(size_t)q * sk_stored + key]++;
+    return 0;
+}
+
 // One sequence of the backward: sq queries, sk_stored keys of which sk used,
-// query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128). Walks what the
-// CTAs of its key blocks would, and counts each (query, key) pair they see;
+// query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128) and key blocks
+// of block_n (128, or 64 for the wide kernel, wide = 1). Walks what the CTAs
+// of its key blocks would, and counts each (query, key) pair they see;
 // returns the number of errors.
-static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed, int block_m) {
+static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed, int block_m,
+                              int block_n, int wide) {
     const fa3c_problem pr = mask_problem(causal, wl, wr);
     fa3c_bwd_kernel_params p;
     memset(&p, 0, sizeof p);
@@ -51,27 +68,34 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
     p.window_right = causal ? 0 : wr;
     int *count = (int *)calloc((size_t)sq * sk_stored + 1, sizeof(int));
     int errors = 0;
-    for (int n = 0; n * BWD_N < sk_stored; n++) {
-        const BwdSeq seq = bwd_sequence(p, n, 0, block_m);
+    for (int n = 0; n * block_n < sk_stored; n++) {
+        const BwdSeq seq = bwd_sequence(p, n, 0, block_m, block_n);
         for (int m = seq.m_begin; m < seq.m_end; m++) {
             const int q0 = fa3c_bwd_rows_start(m, block_m, seq.sq, seq.q_packed);
-            for (int quad = 0; quad < 4; quad++)
-                for (int row = 0; row < BWD_N; row++) {   // every tile row, in the consumers' terms
-                    int lo, hi;
-                    const int key = seq.k_start + row;
-                    seen_columns(key, n * BWD_N, seq.sk, seq.rel_lo, seq.rel_hi, q0, block_m, quad, lo, hi);
-                    for (int j = 0; j < block_m / 8; j++)
-                        for (int e = 0; e < 2; e++) {
-                            const int c = 8 * j + 2 * quad + e, q = q0 + c;
-                            // seen, and a row the preprocessing gives a finite LSE (bwd_prep.cu)
-                            if (!(8 * j + e >= lo && 8 * j + e <= hi) || q < m * block_m || q >= seq.sq) continue;
-                            if (key < 0 || key >= sk_stored) {
-                                errors++;
-                                continue;
-                            }
-                            count[(size_t)q * sk_stored + key]++;
-                        }
+            for (int quad = 0; quad < 4; quad++) {
+                if (!wide) {
+                    for (int row = 0; row < block_n; row++) {   // every key row, in the consumers' terms
+                        int lo, hi;
+                        const int key = seq.k_start + row;
+                        seen_columns(key, n * block_n, seq.sk, seq.rel_lo, seq.rel_hi, q0, block_m, quad, lo, hi);
+                        for (int j = 0; j < block_m / 8; j++)
+                            for (int e = 0; e < 2; e++)
+                                errors += count_pair(count, sk_stored, q0 + 8 * j + 2 * quad + e, key, m * block_m,
+                                                     seq.sq, 8 * j + e >= lo && 8 * j + e <= hi);
+                    }
+                    continue;
                 }
+                for (int wg = 0; wg < 2; wg++)   // the warpgroups' 32 keys each
+                    for (int row = 0; row < block_m; row++) {   // every query row
+                        int lo, hi;
+                        const int q = q0 + row, kc0 = seq.k_start + 32 * wg;
+                        seen_keys(q, n * block_n, seq.sk, seq.rel_lo, seq.rel_hi, kc0, 32, quad, lo, hi);
+                        for (int j = 0; j < 4; j++)
+                            for (int e = 0; e < 2; e++)
+                                errors += count_pair(count, sk_stored, q, kc0 + 8 * j + 2 * quad + e, m * block_m,
+                                                     seq.sq, 8 * j + e >= lo && 8 * j + e <= hi);
+                    }
+            }
         }
     }
     for (int q = 0; q < sq; q++)
@@ -79,8 +103,8 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
             const int want = key < sk && visible(&pr, q, key, sq, sk);
             if (count[(size_t)q * sk_stored + key] != want) {
                 if (errors < 5)
-                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d block_m %d: query %d key %d seen %d times, "
-                           "want %d\n", sq, sk, sk_stored, causal, wl, wr, packed, block_m, q, key,
+                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d block_m %d block_n %d: query %d key %d seen "
+                           "%d times, want %d\n", sq, sk, sk_stored, causal, wl, wr, packed, block_m, block_n, q, key,
                            count[(size_t)q * sk_stored + key], want);
                 errors++;
             }
@@ -89,19 +113,19 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
     // [first_key_block, ...), contiguous.
     for (int m = 0; m * block_m < sq; m++) {
         int first = -1, last = -1, gaps = 0;
-        for (int n = 0; n * BWD_N < sk_stored; n++) {
-            const BwdSeq seq = bwd_sequence(p, n, 0, block_m);
+        for (int n = 0; n * block_n < sk_stored; n++) {
+            const BwdSeq seq = bwd_sequence(p, n, 0, block_m, block_n);
             if (m < seq.m_begin || m >= seq.m_end) continue;
             if (first < 0) first = n;
             else if (n != last + 1) gaps++;
             last = n;
         }
         if (first < 0) continue;
-        const BwdSeq seq = bwd_sequence(p, first, 0, block_m);
-        if (gaps || first_key_block(seq.rel_lo, m, block_m) != first) {
+        const BwdSeq seq = bwd_sequence(p, first, 0, block_m, block_n);
+        if (gaps || first_key_block(seq.rel_lo, m, block_m, block_n) != first) {
             if (errors < 5)
                 printf("  sq %d sk %d/%d causal %d window (%d,%d) block_m %d: query block %d: key blocks from %d "
-                       "(first_key_block %d), %d gaps\n", sq, sk, sk_stored, causal, wl, wr, block_m, m, first, first_key_block(seq.rel_lo, m, block_m), gaps);
+                       "(first_key_block %d), %d gaps\n", sq, sk, sk_stored, causal, wl, wr, block_m, m, first, first_key_block(seq.rel_lo, m, block_m, block_n), gaps);
             errors++;
         }
     }
@@ -118,13 +142,14 @@ TEST(bwd_walk_sees_each_pair_once) {
             for (int w = 0; w < 7; w++)
                 for (int packed = 0; packed < 2; packed++)
                     for (int used = 0; used < 2; used++)
-                        for (int block_m = 64; block_m <= 128; block_m += 64) {   // hdim 128's and hdim 64's
+                        for (int kind = 0; kind < 3; kind++) {   // hdim 128's, hdim 64's, the wide kernel's
                             const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
+                            const int block_m = kind == 1 ? 128 : 64, block_n = kind == 2 ? 64 : 128;
                             errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2],
-                                                         packed, block_m);
+                                                         packed, block_m, block_n, kind == 2);
                             cases++;
                         }
-    printf("  %d shapes (lengths x masks x packed x seqused_k x query block)\n", cases);
+    printf("  %d shapes (lengths x masks x packed x seqused_k x kernel tile)\n", cases);
     CHECK(errors == 0, "%d errors in the backward's walk", errors);
 }
 
@@ -157,6 +182,19 @@ TEST(bwd_dq_tile_order) {
         }
         free(seen);
     }
+    // The wide kernel's dQ (add_wide_dq): warpgroup WG's DQ_N columns from DQ_COL0 of the 64 rows, its
+    // register 4 j + i % 4 of thread t at column DQ_COL0 + 8 j + 2 (t % 4) + i % 2, added at
+    // (c / 64) 4096 + ((c % 64) / 8) 512 + 4 t + i % 4 for the n-tile's first column c.
+    for (int d = 192; d <= 256; d += 64)
+        for (int wg = 0; wg < 2; wg++) {
+            const int col0 = wg == 0 ? 0 : d - 128, ncols = wg == 0 ? d - 128 : 128;
+            for (int t = 0; t < 128; t++)
+                for (int i = 0; i < ncols / 2; i++) {
+                    const int lane = t % 32, row = 16 * (t / 32) + lane / 4 + 8 * ((i / 2) % 2);
+                    const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, c = col0 + 8 * (i / 4);
+                    errors += fa3c_bwd_dq_tile_offset(row, col, d) != (c / 64) * 4096 + ((c % 64) / 8) * 512 + 4 * t + i % 4;
+                }
+        }
     CHECK(errors == 0, "%d errors in dQ's tile order", errors);
 }
 

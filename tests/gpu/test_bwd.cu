@@ -576,6 +576,70 @@ TEST(bwd_small) {
     run_case("small packed seqused_k", c);
 }
 
+// The wide head dims' kernel (bwd_wide_sm90.cuh: 64 keys per CTA, dK and dV
+// split by columns between the warpgroups), through every feature.
+#define REQUIRE_BWD_HDIM(d)                                                                                  \
+    do {                                                                                                     \
+        REQUIRE_CUDA_BWD();                                                                                  \
+        if (cuda_bwd_supports(d) != FA3C_STATUS_OK)                                                          \
+            SKIP("no CUDA backward for hdim %d in this build (FA3C_INSTANCES): %s", d, fa3c_last_error());    \
+    } while (0)
+
+TEST(bwd_wide_head_dims) {
+    REQUIRE_BWD_HDIM(256);
+    REQUIRE_BWD_HDIM(192);
+    run_case("hdim 256", bcase(BF16, 2, 300, 300, 2, 2, 256));
+    run_case("hdim 192", bcase(BF16, 1, 200, 130, 2, 2, 192));
+    run_case("hdim 256 seqlen 1", bcase(BF16, 2, 1, 1, 2, 2, 256));
+    bwd_case c = bcase(FP16, 1, 200, 260, 4, 2, 192);
+    c.causal = 1;
+    run_case("hdim 192 causal GQA fp16", c);
+    c = bcase(BF16, 1, 300, 100, 2, 2, 256);   // the first 200 queries see no key
+    c.causal = 1;
+    run_case("hdim 256 causal sq > sk", c);
+    c = bcase(BF16, 1, 400, 400, 2, 2, 256);
+    c.window_left = 64;
+    c.window_right = 32;
+    run_case("hdim 256 window (64, 32)", c);
+    c = bcase(BF16, 1, 300, 350, 2, 2, 256);
+    c.deterministic = 1;
+    c.causal = 1;
+    run_case("hdim 256 deterministic causal", c);
+    c = bcase(FP16, 1, 200, 200, 2, 2, 192);
+    c.softcap = 5.f;
+    c.outlier = 8.f;
+    run_case("hdim 192 softcap 5 fp16", c);
+    c = bcase(BF16, 1, 200, 200, 8, 1, 256);
+    c.packed_qkv = 0;
+    run_case("hdim 256 MQA 8:1", c);
+    const int lq[4] = {130, 17, 300, 64}, lk[4] = {130, 200, 45, 129};
+    c = varlen_case(BF16, 4, 4, 2, 256, lq, lk);
+    c.causal = 1;
+    run_case("hdim 256 packed causal GQA", c);
+    c = bcase(BF16, 3, 200, 300, 2, 2, 192);
+    c.seqused = 1;
+    c.used[0] = 300;
+    c.used[1] = 65;
+    c.used[2] = 1;
+    run_case("hdim 192 seqused_k", c);
+}
+
+// Small shapes of the wide kernel's paths, for compute-sanitizer.
+TEST(bwd_wide_small) {
+    REQUIRE_BWD_HDIM(256);
+    bwd_case c = bcase(BF16, 1, 70, 150, 4, 2, 256);
+    c.causal = 1;
+    c.deterministic = 1;
+    run_case("small hdim 256 causal deterministic GQA", c);
+    const int lq[3] = {20, 70, 5}, lk[3] = {140, 30, 9};
+    c = varlen_case(BF16, 3, 2, 2, 256, lq, lk);
+    c.seqused = 1;
+    c.used[0] = 100;
+    c.used[1] = 30;
+    c.used[2] = 4;
+    run_case("small hdim 256 packed seqused_k", c);
+}
+
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
 TEST(bwd_not_supported_is_reported) {
     REQUIRE_SM90();
@@ -590,13 +654,13 @@ TEST(bwd_not_supported_is_reported) {
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    const char *what[1] = {"hdim 192"}, *needle[1] = {"headdim 192"};
+    const char *what[1] = {"hdim 160"}, *needle[1] = {"headdim 160"};
     for (int i = 0; i < 1; i++) {
         fa3c_bwd_params q = p;
-        if (i == 0) {   // the same buffers viewed with 192 columns
-            q.problem.headdim = 192;
+        if (i == 0) {   // the same buffers viewed with 160 columns
+            q.problem.headdim = 160;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
-            for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 192);
+            for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 160);
         }
         fa3c_status s = fa3c_bwd_check(&q);
         printf("  %s: %s: %s\n", what[i], fa3c_status_string(s), fa3c_last_error());

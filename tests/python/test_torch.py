@@ -253,14 +253,16 @@ def test_gpu_forward_options(kw):
 
 @gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("sq,sk", [(128, 128), (333, 333), (200, 517)])
 def test_gpu_autograd(causal, d, sq, sk):
     torch.manual_seed(6)
     try:
         run_grad("cuda", torch.bfloat16, 2, sq, sk, 4, 2, d, causal=causal)
     except fa3c.Fa3cError as e:
-        if d == 96 and e.status == fa3c.STATUS_NOT_SUPPORTED:   # off unless built with -DFA3C_BWD_HDIM96=1
+        # A build may leave a head dim's kernels out (FA3C_INSTANCES, -DFA3C_BWD_HDIM96=0): skip, saying so.
+        if e.status == fa3c.STATUS_NOT_SUPPORTED and ("in this build" in str(e) or "FA3C_INSTANCES" in str(e)
+                                                      or d == 96):
             pytest.skip("CUDA backward: %s" % e)
         raise
 

@@ -1,0 +1,373 @@
+// The FlashAttention-3 backward kernel for the wide head dims 192 and 256
+// (sm_90a; bf16 / fp16; bwd_tiles.h). The narrow head dims' kernel
+// (bwd_sm90.cuh) keeps 64 keys' dK and dV per warpgroup in registers: at
+// hdim 256 that is 256 registers per thread. Here one CTA owns N = 64 keys
+// of one (batch, K/V head) and walks the query blocks of M = 64 rows that
+// see them, for each query head of the GQA group (bwd_common.cuh):
+//   warpgroup 0  producer: K and V once, then Q, dO, LSE and dsum per step
+//                through a ring of STAGES slots (bwd_producer);
+//   warpgroups 1, 2  consumers. Per query block, warpgroup w:
+//                  S = Q·Kᵀ, dP = dO·Vᵀ for its 32 keys   (wgmma, 64 x 32)
+//                  P = exp2(S·scale·log2e - LSE·log2e), masked to 0
+//                  dS = P ⊙ (dP - dsum)
+//                  P and dS to smem (queries x keys), a barrier, then over
+//                  all 64 keys and its share of the head-dim columns:
+//                  dQ = dS·K                            (dQ to an fp32 accumulator
+//                                                        in global memory, vector atomics)
+//                  dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS           (wgmma, both operands from smem)
+// dKᵀ and dVᵀ stay in registers for the whole walk (GQA: summed over the
+// group's heads), split by head-dim columns: warpgroup 0 holds columns
+// 0-127, warpgroup 1 the rest (128-255, or 128-191 at hdim 192); dQ's
+// columns are split the other way round (warpgroup 1 the last 128), so at
+// hdim 192 the two warpgroups' GEMM work is 8 : 7. They are written once
+// at the end, dK scaled.
+#pragma once
+#include "wgmma.cuh"
+#include "softmax.cuh"   // probs_to_fragments
+#include "bwd_common.cuh"
+
+template <int D>
+struct BwdWideSmem {
+    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    alignas(1024) uint8_t k[N * D * 2];
+    alignas(1024) uint8_t v[N * D * 2];
+    alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
+    alignas(1024) uint8_t dout[BWD_STAGES][M * D * 2];
+    // P and dS, M query rows x N keys (one 128-byte chunk), two buffers
+    // each: both warpgroups read both halves, and one barrier per step
+    // orders step it's writes after step it - 2's reads.
+    alignas(1024) uint8_t p[2][M * N * 2];
+    alignas(1024) uint8_t ds[2][M * N * 2];
+    alignas(128) float lse_log2[BWD_STAGES][M];
+    alignas(128) float dsum[BWD_STAGES][M];
+    uint64_t kv_full;                                  // K and V landed (once)
+    uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
+    BwdSeq seq;
+};
+
+// What consumer warpgroup WG computes (compile-time, so that its
+// accumulators are register arrays of fixed size).
+template <int D, int WG>
+struct WideShare {
+    enum {
+        KEY0 = 32 * WG,                       // its keys of S, dP, P and dS: [KEY0, KEY0 + 32)
+        KV_COL0 = WG == 0 ? 0 : 128,          // its head-dim columns of dK and dV
+        KV_TILES = WG == 0 ? 2 : D / 64 - 2,  // ... as 64-column wgmma tiles
+        DQ_COL0 = WG == 0 ? 0 : D - 128,      // its head-dim columns of dQ
+        DQ_N = WG == 0 ? D - 128 : 128
+    };
+};
+
+// ---- GEMMs -------------------------------------------------------------------------
+
+// acc(64 query rows x 32 keys) = X(the Q or dO slot) · Y(keys [key0, +32)
+// of the K or V tile)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
+template <int D, int FP16>
+FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *y, int key0) {
+    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    const uint64_t x_desc = smem_desc_swizzled(smem_addr(x), 16, BWD_ATOM_BYTES, 128);
+    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y) + key0 * BWD_ROW_BYTES, 16, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
+        wgmma_ss<32, FP16>(acc, smem_desc_advance(x_desc, chunk * M * BWD_ROW_BYTES + in_row),
+                           smem_desc_advance(y_desc, chunk * N * BWD_ROW_BYTES + in_row), kk > 0);
+    }
+}
+
+// accᵀ(the warpgroup's head-dim columns x 64 keys) += X(the Q or dO slot:
+// queries x columns)ᵀ · Y(P or dS: queries x keys), both MN-major (the
+// contraction runs over the 64 query rows): one 64 x 64 tile per 64 columns.
+template <int D, int FP16, int WG>
+FA3C_DEVICE void gemm_key_grads(float (*acc)[32], const uint8_t *x, const uint8_t *y) {
+    typedef WideShare<D, WG> S;
+    enum { M = FA3C_BWD_BLOCK_M(D) };
+    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int t = 0; t < S::KV_TILES; t++) {
+        const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + (S::KV_COL0 / 64 + t) * M * BWD_ROW_BYTES,
+                                                   M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+        for (int kk = 0; kk < M / 16; kk++)
+            wgmma_ss_mn<64, FP16>(acc[t], smem_desc_advance(x_desc, kk * 16 * BWD_ROW_BYTES),
+                                  smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
+    }
+}
+
+// dq(64 query rows x the warpgroup's DQ_N columns) = dS(queries x keys,
+// K-major) · K(keys x columns, MN-major: chunks of 64 columns).
+template <int D, int FP16, int WG>
+FA3C_DEVICE void gemm_wide_dq(float *dq, const uint8_t *ds, const uint8_t *k) {
+    typedef WideShare<D, WG> S;
+    enum { N = FA3C_BWD_BLOCK_N(D) };
+    const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds), 16, BWD_ATOM_BYTES, 128);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + (S::DQ_COL0 / 64) * N * BWD_ROW_BYTES,
+                                               N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+        wgmma_ss_bmn<S::DQ_N, FP16>(dq, smem_desc_advance(ds_desc, kk * 32),
+                                    smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
+}
+
+// ---- element-wise steps ------------------------------------------------------------
+
+// The keys (columns c of the warpgroup's 32, key kc0 + c) that query row
+// `query` sees: c >= lo and c <= hi, clamped to [-1, cols] and less
+// 2 quad, as seen_columns (bwd_sm90.cuh) does for key rows. Keys before
+// own_lo (a shifted tile's rows of the block before) and from sk on are
+// not seen.
+FA3C_HOST_DEVICE void seen_keys(int query, int own_lo, int sk, int rel_lo, int rel_hi, int kc0, int cols, int quad,
+                                int &lo, int &hi) {
+    const long long first = max((long long)own_lo, (long long)query + rel_lo) - kc0;
+    const long long last = min((long long)sk - 1, (long long)query + rel_hi) - kc0;
+    lo = (int)max(min(first, (long long)cols), -1ll) - 2 * quad;
+    hi = (int)max(min(last, (long long)cols), -1ll) - 2 * quad;
+}
+
+// P and dS of this thread's elements, in place: query rows r0 and r0 + 8
+// (lse, dsum: theirs), key columns 8 j + 2 quad (+1) of the warpgroup's 32.
+// A pair the mask hides gets a score of -inf (P = 0); its dP is finite (K
+// and V rows outside the keys used are zeros in smem), so its dS is 0.
+// Padding query rows and a shifted tile's shared rows have lse_log2 = +inf.
+template <bool SOFTCAP>
+FA3C_DEVICE void wide_probs_and_grads(float *s, float *dp, const float lse[2], const float dsum[2],
+                                      const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * j + 2 * r + e;
+                float score = s[i], slope = 1.f;
+                if (SOFTCAP) {
+                    const float t = tanh_approx(score * p.softcap_pre);
+                    score = p.softcap * t;
+                    slope = 1.f - t * t;
+                }
+                float x = score * p.score_log2 - lse[r];
+                if (!(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
+                const float prob = ex2f(x);
+                s[i] = prob;
+                dp[i] = SOFTCAP ? prob * (dp[i] - dsum[r]) * slope : prob * (dp[i] - dsum[r]);
+            }
+}
+
+// This warp's 16 query rows of P or dS (A fragments of 32 keys) into the
+// buffer at the warpgroup's key columns, 8x8 matrices at a time
+// (store_ds's pattern, rows and columns swapped).
+template <int KEY0>
+FA3C_DEVICE void store_rows_by_keys(uint8_t *buf, uint32_t (*frag)[4], int warp) {
+    enum { M = 64 };
+    const int lane = threadIdx.x % 32;
+    const int row = (int)opaque_u32(warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8);
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+        stmatrix_x4(swizzled_unit<128>(buf, M, row, KEY0 / 8 + 2 * kk + lane / 16), frag[kk][0], frag[kk][1],
+                    frag[kk][2], frag[kk][3]);
+}
+
+// dq (the warpgroup's DQ_N columns of the 64 query rows, in the wgmma
+// accumulator's order) added to query block m's tile (tile order,
+// fa3c_bwd_dq_tile_offset): one vector reduction of 4 floats per 8 columns,
+// a warp's 512 contiguous bytes each.
+template <int D, int WG>
+FA3C_DEVICE void add_wide_dq(float *tile, const float *dq) {
+    typedef WideShare<D, WG> S;
+    float *dst = tile + (threadIdx.x % 128) * 4;
+#pragma unroll
+    for (int j = 0; j < S::DQ_N / 8; j++) {
+        const int c = S::DQ_COL0 + 8 * j;
+        red_add_f32x4(dst + (c / 64) * 4096 + ((c % 64) / 8) * 512, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
+                      dq[4 * j + 3]);
+    }
+}
+
+// accᵀ (head-dim columns x keys) * scale to `out` (16-bit; element strides,
+// all even): keys in [own_lo, sk_stored) of the tile's 64 (from k_start),
+// at token tok0 + key (packed sequences: `batch` is 0 then).
+template <int D, int FP16, int WG>
+FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc)[32], float scale, int batch,
+                                   int head_kv, int tok0, int k_start, int own_lo, int sk_stored) {
+    typedef WideShare<D, WG> S;
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, quad = lane % 4;
+    uint16_t *base = (uint16_t *)out + batch * stride[0] + head_kv * stride[2];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = k_start + 8 * j + 2 * quad + e;
+            if (key < own_lo || key >= sk_stored) continue;
+            uint16_t *row = base + (int64_t)(tok0 + key) * stride[1];
+#pragma unroll
+            for (int t = 0; t < S::KV_TILES; t++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float x = acc[t][4 * j + 2 * r + e] * scale;
+                    const int col = S::KV_COL0 + 64 * t + warp * 16 + lane / 4 + 8 * r;
+                    row[col] = FP16 ? (uint16_t)pack_f16x2(x, 0.f) : (uint16_t)pack_bf16x2(x, 0.f);
+                }
+        }
+}
+
+// ---- consumer ----------------------------------------------------------------------
+
+template <int D, int FP16, int WG, bool SOFTCAP>
+FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<D> &sm, int n_block, int head_kv,
+                                   int batch) {
+    typedef WideShare<D, WG> S;
+    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    float dk[S::KV_TILES][32], dv[S::KV_TILES][32];
+#pragma unroll
+    for (int t = 0; t < S::KV_TILES; t++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dk[t][i] = dv[t][i] = 0.f;
+    if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
+        mbar_wait_parity(&sm.kv_full, 0);
+        if (p.seqused_k || p.cu_seqlens_k) {   // both warpgroups' zeros before any wgmma reads the tiles
+            zero_unused_key_rows<D, N>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), S::KEY0, 32);
+            named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+        }
+    }
+    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
+    int m = m_begin, head = head_kv * p.group;
+    for (int it = 0; it < steps; it++) {
+        const int s = it % BWD_STAGES;
+        mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+
+        // S and dP for this warpgroup's 32 keys, two commit groups.
+        float st[16], dpt[16];
+        wgmma_fence();
+        gemm_rows_by_keys<D, FP16>(st, sm.q[s], sm.k, S::KEY0);
+        wgmma_commit();
+        gemm_rows_by_keys<D, FP16>(dpt, sm.dout[s], sm.v, S::KEY0);
+        wgmma_commit();
+
+        // This thread's query rows: their LSE, dsum and the keys they see.
+        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
+        const int rel_lo = BWD_SEQ(sm, rel_lo), row0 = warp * 16 + lane / 4;
+        float lse[2], dsum[2];
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            lse[r] = __int_as_float(ld_shared_s32(smem_addr(&sm.lse_log2[s][row0 + 8 * r])));
+            dsum[r] = __int_as_float(ld_shared_s32(smem_addr(&sm.dsum[s][row0 + 8 * r])));
+            seen_keys(q0 + row0 + 8 * r, n_block * N, BWD_SEQ(sm, sk), rel_lo, BWD_SEQ(sm, rel_hi),
+                      BWD_SEQ(sm, k_start) + S::KEY0, 32, lane % 4, lo[r], hi[r]);
+        }
+        wgmma_wait<0>();
+        bwd_fence_regs<16>(st);
+        bwd_fence_regs<16>(dpt);
+        wide_probs_and_grads<SOFTCAP>(st, dpt, lse, dsum, p, lo, hi);
+
+        // P and dS to smem; the barrier: both warpgroups' halves are there
+        // (and step it - 2's buffers are read: each warpgroup waited for its
+        // GEMMs before it came to the barrier of step it - 1).
+        uint32_t p_frag[2][4], ds_frag[2][4];
+        probs_to_fragments<32, FP16>(st, p_frag);
+        probs_to_fragments<32, FP16>(dpt, ds_frag);
+        store_rows_by_keys<S::KEY0>(sm.p[it % 2], p_frag, warp);
+        store_rows_by_keys<S::KEY0>(sm.ds[it % 2], ds_frag, warp);
+        fence_proxy_async_smem();
+        named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+
+        // dQ first, added while dVᵀ and dKᵀ run.
+        float dq[S::DQ_N / 2];
+        wgmma_fence();
+        gemm_wide_dq<D, FP16, WG>(dq, sm.ds[it % 2], sm.k);
+        wgmma_commit();
+        gemm_key_grads<D, FP16, WG>(dv, sm.dout[s], sm.p[it % 2]);
+        gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+        wgmma_commit();
+        wgmma_wait<1>();
+        bwd_fence_regs<S::DQ_N / 2>(dq);
+        float *tile = bwd_dq_tile<D>(p, batch, head, m);
+        if (p.dq_semaphore) {   // deterministic: the key blocks that see block m add in turn (add_dq_in_turn)
+            int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
+            const bool leader = threadIdx.x == 128;
+            if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
+            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+            add_wide_dq<D, WG>(tile, dq);
+            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+            if (leader) {
+                __threadfence();
+                red_release_gpu_add(sem, 1);
+            }
+        } else {
+            add_wide_dq<D, WG>(tile, dq);
+        }
+
+        // dVᵀ and dKᵀ have read dO and Q: the slot is free.
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&sm.empty[s]);
+        if (++m == m_end) m = m_begin, head++;
+    }
+#pragma unroll
+    for (int t = 0; t < S::KV_TILES; t++) {
+        bwd_fence_regs<32>(dk[t]);
+        bwd_fence_regs<32>(dv[t]);
+    }
+    const int k_start = BWD_SEQ(sm, k_start), own_lo = n_block * N, sk_stored = BWD_SEQ(sm, sk_stored);
+    const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
+    store_key_columns<D, FP16, WG>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
+                                   sk_stored);
+    store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored);
+}
+
+template <int D, int FP16, int WG>
+FA3C_DEVICE void bwd_wide_consumer_of(const fa3c_bwd_kernel_params &p, BwdWideSmem<D> &sm, int n_block, int head_kv,
+                                      int batch) {
+    if (p.softcap != 0.f) bwd_wide_consumer<D, FP16, WG, true>(p, sm, n_block, head_kv, batch);
+    else bwd_wide_consumer<D, FP16, WG, false>(p, sm, n_block, head_kv, batch);
+}
+
+// ---- the kernel --------------------------------------------------------------------
+
+// Grid: (key blocks of 64 of the longest sequence, heads_kv, batch).
+template <int D, int FP16>
+__global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
+    static_assert(D == 192 || D == 256, "the wide backward: head dims 192 and 256");
+    static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
+                  "setmaxnreg budgets past the register file");
+    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    extern __shared__ uint8_t smem_raw[];
+    BwdWideSmem<D> &sm = *(BwdWideSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+
+    if (threadIdx.x == 0) {
+        sm.seq = bwd_sequence(p, n_block, batch, M, N);
+        tma_prefetch_map(&p.q_map);
+        tma_prefetch_map(&p.k_map);
+        tma_prefetch_map(&p.v_map);
+        tma_prefetch_map(&p.do_map);
+        tma_prefetch_map(&p.lse_map);
+        tma_prefetch_map(&p.dsum_map);
+        mbar_init(&sm.kv_full, 1);
+        for (int s = 0; s < BWD_STAGES; s++) {
+            mbar_init(&sm.full[s], 1);
+            mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    if (n_block * N >= BWD_SEQ(sm, sk_stored)) return;   // a shorter sequence's key blocks end before this one
+
+    const int warpgroup = __shfl_sync(~0u, threadIdx.x / 128, 0);   // warpgroup-uniform, as setmaxnreg requires
+    if (warpgroup == 0) {
+        reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
+        if (threadIdx.x == 0) bwd_producer<D>(p, sm, head_kv, batch);
+    } else {
+        reg_alloc<FA3C_BWD_CONSUMER_REGS>();
+        if (warpgroup == 1) bwd_wide_consumer_of<D, FP16, 0>(p, sm, n_block, head_kv, batch);
+        else bwd_wide_consumer_of<D, FP16, 1>(p, sm, n_block, head_kv, batch);
+    }
+}
+
+// Dynamic smem a launch needs (the +1024 lets the kernel align the base).
+template <int D>
+static size_t bwd_wide_smem_bytes(void) {
+    static_assert(sizeof(BwdWideSmem<D>) + 1024 <= 227 * 1024, "the wide backward kernel's smem exceeds a block's");
+    return sizeof(BwdWideSmem<D>) + 1024;
+}
