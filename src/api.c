@@ -351,26 +351,147 @@ static fa3c_status check_extents(const call_desc *c, int host_arrays) {
     return FA3C_STATUS_OK;
 }
 
-/* ---- 6. aliasing: an output sharing its start with another argument ---- */
+/* ---- 6. aliasing: outputs against every other argument ---- */
 
-static fa3c_status check_aliasing(const call_desc *c) {
-    const void *ptrs[24];
-    const char *names[24];
-    int n = collect_pointers(c, ptrs, names);
+/* One argument: a tensor (its four dims as the backends index them, unit
+ * stride on the last) or a contiguous array of `count` elements. */
+typedef struct {
+    const char *name;
+    uintptr_t lo;
+    int is_output, is_tensor, elem;
+    int64_t n[4], st[4], count;
+} arg_mem;
+
+static int add_array(arg_mem *m, int k, const char *name, const void *p, int64_t count, int elem, int is_output) {
+    if (!p || count <= 0) return k;
+    memset(&m[k], 0, sizeof m[k]);
+    m[k].name = name;
+    m[k].lo = (uintptr_t)p;
+    m[k].count = count;
+    m[k].elem = elem;
+    m[k].is_output = is_output;
+    return k + 1;
+}
+
+/* Every argument the backend touches. */
+static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
+    const fa3c_problem *pr = c->pr;
+    int k = 0;
     for (int i = 0; i < c->ntensors; i++) {
         const tensor_arg *a = &c->tensors[i];
-        if (!a->is_output) continue;
-        for (int j = 0; j < n; j++)
-            if (j != i && ptrs[j] == a->t->data)
-                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT,
-                                  "%s.data: must not alias %s (outputs are written while inputs are read)", a->name,
-                                  names[j]);
+        memset(&m[k], 0, sizeof m[k]);
+        m[k].name = a->name;
+        m[k].lo = (uintptr_t)a->t->data;
+        m[k].is_output = a->is_output;
+        m[k].is_tensor = 1;
+        m[k].elem = a->elem_size;
+        tensor_dims(c, a, host_arrays, m[k].n, m[k].st);
+        k++;
     }
-    /* The forward's lse is an output too. */
-    if (!c->is_bwd && c->lse)
-        for (int j = 0; j < c->ntensors; j++)
-            if ((const void *)c->lse == c->tensors[j].t->data)
-                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "lse: must not alias %s.data", c->tensors[j].name);
+    const int64_t lse_rows = pr->cu_seqlens_q && host_arrays ? pr->cu_seqlens_q[pr->batch]
+                                                             : (int64_t)pr->batch * pr->seqlen_q;
+    int64_t lse_count, pages = 0;
+    if (!mul_ok(lse_rows, pr->heads_q, &lse_count)) lse_count = INT64_MAX / 8;
+    k = add_array(m, k, "lse", c->lse, lse_count, 4, !c->is_bwd);
+    k = add_array(m, k, "problem.cu_seqlens_q", pr->cu_seqlens_q, (int64_t)pr->batch + 1, 4, 0);
+    k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
+    k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
+    if (pr->page_table && pr->page_size > 0) {   /* rows of page_table_stride, each up to the longest sequence's pages */
+        const int64_t per_seq = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
+        if (!mul_ok((int64_t)pr->batch - 1, pr->page_table_stride, &pages) || !add_ok(&pages, per_seq))
+            pages = INT64_MAX / 8;
+    }
+    k = add_array(m, k, "problem.page_table", pr->page_table, pages, 4, 0);
+    for (int i = 0; i < 3; i++)
+        k = add_array(m, k, descale_names[i], c->descale[i], (int64_t)pr->batch * pr->heads_kv, 4, 0);
+    return k;
+}
+
+/* The bytes [lo, hi) of an array. */
+static void array_bytes(const arg_mem *a, uintptr_t *lo, uintptr_t *hi) {
+    int64_t bytes;
+    *lo = a->lo;
+    *hi = mul_ok(a->count, a->elem, &bytes) && (uint64_t)bytes <= (uint64_t)(UINTPTR_MAX - a->lo)
+              ? a->lo + (uintptr_t)bytes : UINTPTR_MAX;
+}
+
+/* Does an element of the tensor fall in bytes [lo, hi)? Its rows (dim 3,
+ * contiguous) sit at the offsets of dims 0-2; walking those from the
+ * largest stride down, only the indices whose sub-block can reach [lo, hi)
+ * are visited, so a small array against any layout of separate rows costs
+ * a few steps. Past `budget` steps (outputs interleaved with themselves are
+ * refused elsewhere, so only inputs get here) it answers yes. */
+static int tensor_touches(const arg_mem *t, int level, const int *order, int64_t off, uintptr_t lo, uintptr_t hi,
+                          int *budget) {
+    const int64_t e = t->elem;
+    if (--*budget < 0) return 1;
+    if (level == 3) {   /* one row: [off, off + n3) elements */
+        const uintptr_t a = t->lo + (uintptr_t)(off * e), b = a + (uintptr_t)(t->n[3] * e);
+        return a < hi && lo < b;
+    }
+    const int d = order[level];
+    int64_t below = t->n[3] * e;   /* bytes the dims after this one reach past their start */
+    for (int l = level + 1; l < 3; l++) below += (t->n[order[l]] - 1) * t->st[order[l]] * e;
+    const int64_t step = t->st[d] * e, count = step == 0 ? 1 : t->n[d];
+    /* Indices whose block [start, start + below) meets [lo, hi): start < hi and start + below > lo. */
+    const int64_t start0 = (int64_t)(t->lo - 0) + off * e;   /* as an integer address */
+    int64_t i_min = 0, i_max = count - 1;
+    if (step > 0) {
+        const int64_t need_lo = (int64_t)lo - below + 1 - start0, need_hi = (int64_t)hi - 1 - start0;
+        if (need_lo > 0) i_min = (need_lo + step - 1) / step;
+        i_max = need_hi < 0 ? -1 : need_hi / step < i_max ? need_hi / step : i_max;
+    }
+    for (int64_t i = i_min; i <= i_max; i++)
+        if (tensor_touches(t, level + 1, order, off + i * t->st[d], lo, hi, budget)) return 1;
+    return 0;
+}
+
+static int tensor_meets_array(const arg_mem *t, const arg_mem *a) {
+    uintptr_t lo, hi;
+    array_bytes(a, &lo, &hi);
+    for (int d = 0; d < 4; d++)
+        if (t->n[d] <= 0) return 0;
+    int order[3] = {0, 1, 2};   /* dims 0-2 by stride, largest first */
+    for (int i = 1; i < 3; i++)
+        for (int j = i; j > 0 && t->st[order[j]] > t->st[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    int budget = 1 << 16;
+    return tensor_touches(t, 0, order, 0, lo, hi, &budget);
+}
+
+/* An output must not share memory with any other argument: the backends read
+ * the inputs and metadata while they write it. A tensor against an array
+ * (the lse, metadata), and arrays against each other, by the bytes they
+ * touch; two tensors by their start address only: interleaved views of one
+ * buffer (packed qkv, dq/dk/dv in one dqkv) are disjoint, and other partial
+ * overlaps between tensors are the caller's bug (docs/API.md). */
+static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
+    arg_mem m[24];
+    const int n = collect_memory(c, host_arrays, m);
+    for (int i = 0; i < n; i++) {
+        if (!m[i].is_output) continue;
+        for (int j = 0; j < n; j++) {
+            if (j == i) continue;
+            int clash;
+            if (m[i].is_tensor && m[j].is_tensor) {
+                clash = m[i].lo == m[j].lo;
+            } else if (m[i].is_tensor || m[j].is_tensor) {
+                clash = m[i].is_tensor ? tensor_meets_array(&m[i], &m[j]) : tensor_meets_array(&m[j], &m[i]);
+            } else {
+                uintptr_t a0, a1, b0, b1;
+                array_bytes(&m[i], &a0, &a1);
+                array_bytes(&m[j], &b0, &b1);
+                clash = a0 < b1 && b0 < a1;
+            }
+            if (clash)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s%s: must not %s %s (outputs are written while "
+                                  "inputs are read)", m[i].name, m[i].is_tensor ? ".data" : "",
+                                  m[i].lo == m[j].lo ? "alias" : "overlap", m[j].name);
+        }
+    }
     return FA3C_STATUS_OK;
 }
 
@@ -404,7 +525,7 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
                 return fa3c_error(BAD, "%s.data: must be 16-byte aligned for the CUDA backend (address %p)",
                                   c->tensors[i].name, c->tensors[i].t->data);
     }
-    return check_aliasing(c);
+    return check_aliasing(c, host_arrays);
 }
 
 static float default_scale(const fa3c_problem *pr) {

@@ -345,6 +345,32 @@ TEST(strides) {
     p = f.fwd; p.out.data = f.q; FWD_FAIL(f, p, INVALID, "out.data: must not alias q");
     p = f.fwd; p.out.data = f.v; FWD_FAIL(f, p, INVALID, "out.data: must not alias v");
     p = f.fwd; p.lse = (float *)f.k; FWD_FAIL(f, p, INVALID, "must not alias k");
+    /* ... nor overlap them anywhere when either is an array (the lse, metadata): a forward whose lse
+     * was the memory of cu_seqlens_q used to pass the checks and crash the CPU backend. */
+    p = f.fwd; p.lse = (float *)((uint16_t *)f.k + 8); FWD_FAIL(f, p, INVALID, "lse: must not overlap k");
+    p = f.fwd; p.problem.cu_seqlens_q = f.cu_q; p.lse = (float *)f.cu_q;
+    FWD_FAIL(f, p, INVALID, "lse: must not alias problem.cu_seqlens_q");
+    p = f.fwd; p.problem.cu_seqlens_k = f.cu_k; p.lse = (float *)f.cu_k;
+    FWD_FAIL(f, p, INVALID, "lse: must not alias problem.cu_seqlens_k");
+    /* In buffers the forward does not poison (dk, dq), with valid prefix sums: only the overlap is wrong. */
+    memcpy((char *)f.dk + 4, f.cu_q, sizeof f.cu_q);
+    p = f.fwd; p.lse = (float *)f.dk; p.problem.cu_seqlens_q = (const int32_t *)((char *)f.dk + 4);
+    FWD_FAIL(f, p, INVALID, "lse: must not overlap problem.cu_seqlens_q");
+    memcpy(f.dq, f.cu_k, sizeof f.cu_k);
+    p = f.fwd; p.out.data = f.dq; p.problem.cu_seqlens_k = (const int32_t *)f.dq;
+    FWD_FAIL(f, p, INVALID, "out.data: must not alias problem.cu_seqlens_k");
+    /* The check is by the elements a tensor touches, not its span: an array in the gap between an
+     * output's rows (every other token slot) is fine, one inside a row is not. */
+    {
+        int32_t *gap = (int32_t *)((uint16_t *)f.dq + HQ * D), *inside = (int32_t *)((uint16_t *)f.dq + 2 * HQ * D + 8);
+        memcpy(gap, f.cu_q, sizeof f.cu_q);
+        memcpy(inside, f.cu_q, sizeof f.cu_q);
+        p = f.fwd; p.out.data = f.dq; p.out.stride[1] = 2 * HQ * D; p.out.stride[0] = SQ * 2 * HQ * D;
+        p.problem.cu_seqlens_q = gap;
+        FWD_OK(p);
+        p.problem.cu_seqlens_q = inside;
+        FWD_FAIL(f, p, INVALID, "out.data: must not overlap problem.cu_seqlens_q");
+    }
 
     fa3c_bwd_params g;
     g = f.bwd; g.dout.stride[3] = 4; BWD_FAIL(f, g, INVALID, "dout: stride of dim 3 must be 1 (got 4)");
@@ -352,6 +378,7 @@ TEST(strides) {
     g = f.bwd; g.dv.stride[2] = 0; BWD_FAIL(f, g, INVALID, "dv: stride of dim 2");
     g = f.bwd; g.dq.data = f.q; BWD_FAIL(f, g, INVALID, "dq.data: must not alias q");
     g = f.bwd; g.dk.data = f.dv; BWD_FAIL(f, g, INVALID, "must not alias");
+    g = f.bwd; g.lse = (float *)((uint16_t *)f.dq + 16); BWD_FAIL(f, g, INVALID, "dq.data: must not overlap lse");
     g = f.bwd; g.dv.data = (char *)f.dv + 1; BWD_FAIL(f, g, INVALID, "dv.data: must be aligned");
     fixture_free(&f);
 }

@@ -85,7 +85,7 @@ FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
             for (int x = 0; x < d; x++) s = __builtin_fmaf(dr[x], w->row[x], s);
             D[r] = s;
             const float l = p->lse[fa3c_lse_index(pr, b, h, i)];
-            lse[r] = l > -INFINITY ? l : INFINITY; /* fully masked row: exp(s - inf) = 0 */
+            lse[r] = l == -INFINITY ? INFINITY : l; /* fully masked row: exp(s - inf) = 0; a NaN stays NaN */
         } else {
             memset(qr, 0, sizeof(float) * dp);
             memset(dr, 0, sizeof(float) * dp);

@@ -55,14 +55,21 @@ static void load_kv(const fwd_ctx *c, fwd_ws *w, int b, int hk, int j0, int nk, 
     }
 }
 
+/* max of a and b, NaN if either is (fmaxf would drop it). */
+static inline float nan_max(float a, float b) {
+    return a != a || b != b ? NAN : a > b ? a : b;
+}
+
+/* The row's max, NaN if it holds a NaN: a NaN score must reach the output
+ * and the LSE, as in the float64 reference, not hide the row. */
 static inline float row_max(const float *r) {
     vf m = vload(r);
     for (int j = VW; j < BN; j += VW) {
         vf x = vload(r + j);
-        m = vselect(x > m, x, m);
+        m = vselect((x > m) | (x != x), x, m);   /* a NaN lane stays NaN: nothing compares greater */
     }
     float mx = m[0];
-    for (int t = 1; t < VW; t++) mx = m[t] > mx ? m[t] : mx;
+    for (int t = 1; t < VW; t++) mx = nan_max(m[t], mx);
     return mx;
 }
 
@@ -128,7 +135,7 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
         for (int r = 0; r < BM; r++) {
             float *srow = w->S + r * BN;
             const float mx = r < nrows ? row_max(srow) : -INFINITY;
-            const float mnew = mx > m[r] ? mx : m[r];
+            const float mnew = nan_max(mx, m[r]);
             if (r >= nrows || mnew == -INFINITY) { /* nothing visible yet: keep O = 0 */
                 alpha[r] = r < nrows ? 1.0f : 0.0f;
                 memset(srow, 0, sizeof(float) * BN);
@@ -145,13 +152,17 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
         const int64_t oo = fa3c_q_offset(pr, &p->out, b, i0 + r, h);
         float *orow = w->O + (int64_t)r * dp;
         float lse;
-        if (l[r] > 0) {
-            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f / l[r]);
-            lse = m[r] + logf(l[r]);
-        } else { /* fully masked row */
+        if (lo[r] > hi[r]) { /* fully masked row (by the key range, never by the sum): zeros and -inf */
             memset(orow, 0, sizeof(float) * d);
             store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);
             lse = -INFINITY;
+        } else if (l[r] == 0) { /* keys seen, every score -inf: the reference's exp(-inf - -inf) is NaN */
+            for (int x = 0; x < d; x++) orow[x] = NAN;
+            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);
+            lse = NAN;
+        } else { /* NaN scores give l = NaN: NaN out and lse */
+            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f / l[r]);
+            lse = m[r] + logf(l[r]);
         }
         if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i0 + r)] = lse;
     }
