@@ -359,6 +359,7 @@ typedef struct {
     const char *name;
     uintptr_t lo;
     int is_output, is_tensor, elem;
+    int exact;   /* 0: its size is only bounded (device-side cu_seqlens: batch x the longest sequence) */
     int64_t n[4], st[4], count;
 } arg_mem;
 
@@ -370,6 +371,7 @@ static int add_array(arg_mem *m, int k, const char *name, const void *p, int64_t
     m[k].count = count;
     m[k].elem = elem;
     m[k].is_output = is_output;
+    m[k].exact = 1;
     return k + 1;
 }
 
@@ -386,6 +388,8 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
         m[k].is_tensor = 1;
         m[k].elem = a->elem_size;
         tensor_dims(c, a, host_arrays, m[k].n, m[k].st);
+        const int32_t *cu = a->rows == ROWS_Q ? pr->cu_seqlens_q : pr->cu_seqlens_k;
+        m[k].exact = host_arrays || !cu || (a->rows == ROWS_K && pr->page_table);
         k++;
     }
     const int64_t lse_rows = pr->cu_seqlens_q && host_arrays ? pr->cu_seqlens_q[pr->batch]
@@ -393,6 +397,7 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     int64_t lse_count, pages = 0;
     if (!mul_ok(lse_rows, pr->heads_q, &lse_count)) lse_count = INT64_MAX / 8;
     k = add_array(m, k, "lse", c->lse, lse_count, 4, !c->is_bwd);
+    if (c->lse && pr->cu_seqlens_q && !host_arrays) m[k - 1].exact = 0;
     k = add_array(m, k, "problem.cu_seqlens_q", pr->cu_seqlens_q, (int64_t)pr->batch + 1, 4, 0);
     k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
     k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
@@ -467,7 +472,9 @@ static int tensor_meets_array(const arg_mem *t, const arg_mem *a) {
  * (the lse, metadata), and arrays against each other, by the bytes they
  * touch; two tensors by their start address only: interleaved views of one
  * buffer (packed qkv, dq/dk/dv in one dqkv) are disjoint, and other partial
- * overlaps between tensors are the caller's bug (docs/API.md). */
+ * overlaps between tensors are the caller's bug (docs/API.md). Where a size
+ * is only bounded (packed sequences whose cu_seqlens live on the device),
+ * by start address too: the bound may reach into the next allocation. */
 static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
     arg_mem m[24];
     const int n = collect_memory(c, host_arrays, m);
@@ -476,7 +483,7 @@ static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
         for (int j = 0; j < n; j++) {
             if (j == i) continue;
             int clash;
-            if (m[i].is_tensor && m[j].is_tensor) {
+            if ((m[i].is_tensor && m[j].is_tensor) || !m[i].exact || !m[j].exact) {
                 clash = m[i].lo == m[j].lo;
             } else if (m[i].is_tensor || m[j].is_tensor) {
                 clash = m[i].is_tensor ? tensor_meets_array(&m[i], &m[j]) : tensor_meets_array(&m[j], &m[i]);

@@ -620,8 +620,30 @@ TEST(bwd_wide_head_dims) {
     c.seqused = 1;
     c.used[0] = 300;
     c.used[1] = 65;
-    c.used[2] = 1;
-    run_case("hdim 192 seqused_k", c);
+    c.used[2] = 0;   // a sequence with no keys: its queries see nothing
+    run_case("hdim 192 seqused_k (one 0)", c);
+    c = bcase(FP16, 1, 300, 350, 4, 2, 256);
+    c.softcap = 10.f;
+    c.causal = 1;
+    c.deterministic = 1;
+    run_case("hdim 256 fp16 softcap causal GQA deterministic", c);
+    c = bcase(BF16, 1, 400, 400, 8, 2, 192);   // dQ split 64 : 128 between the warpgroups, in turn
+    c.deterministic = 1;
+    c.window_left = 150;
+    c.window_right = 20;
+    run_case("hdim 192 deterministic window GQA 4:1", c);
+    const int lq2[3] = {1, 250, 70}, lk2[3] = {300, 1, 70};   // lengths summing to less than batch x max
+    c = varlen_case(FP16, 3, 4, 2, 192, lq2, lk2);
+    c.seqused = 1;
+    c.used[0] = 120;
+    c.used[1] = 1;
+    c.used[2] = 33;
+    c.causal = 1;
+    run_case("hdim 192 fp16 packed seqused_k causal GQA", c);
+    c = bcase(FP16, 1, 1000, 70, 2, 2, 256);
+    c.causal = 1;
+    c.deterministic = 1;
+    run_case("hdim 256 fp16 causal sq >> sk deterministic", c);
 }
 
 // Small shapes of the wide kernel's paths, for compute-sanitizer.
