@@ -437,7 +437,8 @@ static int tensor_touches(const arg_mem *t, int level, const int *order, int64_t
     const int d = order[level];
     int64_t below = t->n[3] * e;   /* bytes the dims after this one reach past their start */
     for (int l = level + 1; l < 3; l++) below += (t->n[order[l]] - 1) * t->st[order[l]] * e;
-    const int64_t step = t->st[d] * e, count = step == 0 ? 1 : t->n[d];
+    /* A dim of one index steps nowhere (its stride may be anything: varlen's ignored batch stride). */
+    const int64_t step = t->n[d] > 1 ? t->st[d] * e : 0, count = step == 0 ? 1 : t->n[d];
     /* Indices whose block [start, start + below) meets [lo, hi): start < hi and start + below > lo. */
     const int64_t start0 = (int64_t)(t->lo - 0) + off * e;   /* as an integer address */
     int64_t i_min = 0, i_max = count - 1;
