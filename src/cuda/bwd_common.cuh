@@ -171,3 +171,23 @@ FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m, int block_n
     return first_key <= 0 ? 0 : (int)(first_key / block_n);
 }
 
+// Thread 0's set-up of a CTA, either kernel: its sequence (read from smem by
+// everyone after the caller's __syncthreads), the TMA descriptors
+// prefetched, and the barriers of K/V and of the Q/dO ring (a full barrier
+// per slot for the producer's one arrival, an empty one for each consumer
+// warp's). The caller adds its own barriers, then fence_barrier_init.
+template <int D, class Smem>
+FA3C_DEVICE void bwd_cta_init(const fa3c_bwd_kernel_params &p, Smem &sm, int n_block, int batch) {
+    sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
+    tma_prefetch_map(&p.q_map);
+    tma_prefetch_map(&p.k_map);
+    tma_prefetch_map(&p.v_map);
+    tma_prefetch_map(&p.do_map);
+    tma_prefetch_map(&p.lse_map);
+    tma_prefetch_map(&p.dsum_map);
+    mbar_init(&sm.kv_full, 1);
+    for (int s = 0; s < BWD_STAGES; s++) {
+        mbar_init(&sm.full[s], 1);
+        mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+    }
+}

@@ -468,18 +468,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
 
     if (threadIdx.x == 0) {
-        sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D), BWD_N);
-        tma_prefetch_map(&p.q_map);
-        tma_prefetch_map(&p.k_map);
-        tma_prefetch_map(&p.v_map);
-        tma_prefetch_map(&p.do_map);
-        tma_prefetch_map(&p.lse_map);
-        tma_prefetch_map(&p.dsum_map);
-        mbar_init(&sm.kv_full, 1);
-        for (int s = 0; s < BWD_STAGES; s++) {
-            mbar_init(&sm.full[s], 1);
-            mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
-        }
+        bwd_cta_init<D>(p, sm, n_block, batch);
         if (bwd_dq_writer_on<D>()) {
             mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
             mbar_init(&sm.dq_empty, 1);                       // the writer

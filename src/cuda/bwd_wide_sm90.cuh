@@ -337,18 +337,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
     const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
 
     if (threadIdx.x == 0) {
-        sm.seq = bwd_sequence(p, n_block, batch, M, N);
-        tma_prefetch_map(&p.q_map);
-        tma_prefetch_map(&p.k_map);
-        tma_prefetch_map(&p.v_map);
-        tma_prefetch_map(&p.do_map);
-        tma_prefetch_map(&p.lse_map);
-        tma_prefetch_map(&p.dsum_map);
-        mbar_init(&sm.kv_full, 1);
-        for (int s = 0; s < BWD_STAGES; s++) {
-            mbar_init(&sm.full[s], 1);
-            mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
-        }
+        bwd_cta_init<D>(p, sm, n_block, batch);
         fence_barrier_init();
     }
     __syncthreads();
