@@ -43,7 +43,6 @@
 
 enum { BWD_N = FA3C_BWD_BLOCK_N(128) };   // keys per CTA (64 and 128 alike)
 
-
 // Do the warpgroups split dQ by keys (hdim 64 with 64-row blocks), so that
 // both add to the same elements? Otherwise each adds its own 64 x 64 piece
 // (gemm_dq).
