@@ -153,30 +153,72 @@ static fa3c_status check_host_array_ptr(const char *name, const void *ptr, int s
 
 /* ---- 3. backend and memory kind ---- */
 
-/* Every pointer the backend will dereference, with its name, in argument order. */
-static int collect_pointers(const call_desc *c, const void **ptrs, const char **names) {
-    int n = 0;
-    for (int i = 0; i < c->ntensors; i++) {
-        ptrs[n] = c->tensors[i].t->data;
-        names[n++] = c->tensors[i].name;
-    }
+static void tensor_dims(const call_desc *c, const tensor_arg *a, int host_arrays, int64_t n[4], int64_t s[4]);
+
+/* One argument: a tensor (its four dims as the backends index them, unit
+ * stride on the last) or a contiguous array of `count` elements. */
+typedef struct {
+    const char *name;
+    uintptr_t lo;
+    int is_output, is_tensor, elem;
+    int exact;   /* 0: its size is only bounded (device-side cu_seqlens: batch x the longest sequence) */
+    int64_t n[4], st[4], count;
+} arg_mem;
+
+static int add_array(arg_mem *m, int k, const char *name, const void *p, int64_t count, int elem, int is_output) {
+    if (!p || count <= 0) return k;
+    memset(&m[k], 0, sizeof m[k]);
+    m[k].name = name;
+    m[k].lo = (uintptr_t)p;
+    m[k].count = count;
+    m[k].elem = elem;
+    m[k].is_output = is_output;
+    m[k].exact = 1;
+    return k + 1;
+}
+
+/* Every argument the backend touches, in argument order: its address and
+ * (for the overlap check, section 6) the memory it reaches; host_arrays = 0
+ * reads no metadata array (the token count is then a bound). */
+static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     const fa3c_problem *pr = c->pr;
-    const void *opt[] = {c->lse, pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
-                         c->descale[0], c->descale[1], c->descale[2]};
-    const char *opt_names[] = {"lse", "problem.cu_seqlens_q", "problem.cu_seqlens_k", "problem.seqused_k",
-                               "problem.page_table", descale_names[0], descale_names[1], descale_names[2]};
-    for (int i = 0; i < 8; i++) {
-        if (!opt[i]) continue;
-        ptrs[n] = opt[i];
-        names[n++] = opt_names[i];
+    int k = 0;
+    for (int i = 0; i < c->ntensors; i++) {
+        const tensor_arg *a = &c->tensors[i];
+        memset(&m[k], 0, sizeof m[k]);
+        m[k].name = a->name;
+        m[k].lo = (uintptr_t)a->t->data;
+        m[k].is_output = a->is_output;
+        m[k].is_tensor = 1;
+        m[k].elem = a->elem_size;
+        tensor_dims(c, a, host_arrays, m[k].n, m[k].st);
+        const int32_t *cu = a->rows == ROWS_Q ? pr->cu_seqlens_q : pr->cu_seqlens_k;
+        m[k].exact = host_arrays || !cu || (a->rows == ROWS_K && pr->page_table);
+        k++;
     }
-    return n;
+    const int64_t lse_rows = pr->cu_seqlens_q && host_arrays ? pr->cu_seqlens_q[pr->batch]
+                                                             : (int64_t)pr->batch * pr->seqlen_q;
+    int64_t lse_count, pages = 0;
+    if (!mul_ok(lse_rows, pr->heads_q, &lse_count)) lse_count = INT64_MAX / 8;
+    k = add_array(m, k, "lse", c->lse, lse_count, 4, !c->is_bwd);
+    if (c->lse && pr->cu_seqlens_q && !host_arrays) m[k - 1].exact = 0;
+    k = add_array(m, k, "problem.cu_seqlens_q", pr->cu_seqlens_q, (int64_t)pr->batch + 1, 4, 0);
+    k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
+    k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
+    if (pr->page_table && pr->page_size > 0) {   /* rows of page_table_stride, each up to the longest sequence's pages */
+        const int64_t per_seq = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
+        if (!mul_ok((int64_t)pr->batch - 1, pr->page_table_stride, &pages) || !add_ok(&pages, per_seq))
+            pages = INT64_MAX / 8;
+    }
+    k = add_array(m, k, "problem.page_table", pr->page_table, pages, 4, 0);
+    for (int i = 0; i < 3; i++)
+        k = add_array(m, k, descale_names[i], c->descale[i], (int64_t)pr->batch * pr->heads_kv, 4, 0);
+    return k;
 }
 
 static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
-    const void *ptrs[24];
-    const char *names[24];
-    int n = collect_pointers(c, ptrs, names);
+    arg_mem m[24];
+    const int n = collect_memory(c, 0, m);
     fa3c_backend b = c->backend;
 
     fa3c_clear_error();
@@ -195,10 +237,10 @@ static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
     if (usable) {
         int want_device = b == FA3C_BACKEND_CUDA;
         for (int i = 0; i < n; i++) {
-            int is_device = fa3c_cuda_pointer_is_device(ptrs[i]) != 0;
+            int is_device = fa3c_cuda_pointer_is_device((const void *)m[i].lo) != 0;
             if (is_device != want_device)
                 return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s is %s memory; the %s backend needs %s memory",
-                                  names[i], is_device ? "device" : "host", want_device ? "CUDA" : "CPU",
+                                  m[i].name, is_device ? "device" : "host", want_device ? "CUDA" : "CPU",
                                   want_device ? "device" : "host");
         }
     }
@@ -352,65 +394,6 @@ static fa3c_status check_extents(const call_desc *c, int host_arrays) {
 }
 
 /* ---- 6. aliasing: outputs against every other argument ---- */
-
-/* One argument: a tensor (its four dims as the backends index them, unit
- * stride on the last) or a contiguous array of `count` elements. */
-typedef struct {
-    const char *name;
-    uintptr_t lo;
-    int is_output, is_tensor, elem;
-    int exact;   /* 0: its size is only bounded (device-side cu_seqlens: batch x the longest sequence) */
-    int64_t n[4], st[4], count;
-} arg_mem;
-
-static int add_array(arg_mem *m, int k, const char *name, const void *p, int64_t count, int elem, int is_output) {
-    if (!p || count <= 0) return k;
-    memset(&m[k], 0, sizeof m[k]);
-    m[k].name = name;
-    m[k].lo = (uintptr_t)p;
-    m[k].count = count;
-    m[k].elem = elem;
-    m[k].is_output = is_output;
-    m[k].exact = 1;
-    return k + 1;
-}
-
-/* Every argument the backend touches. */
-static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
-    const fa3c_problem *pr = c->pr;
-    int k = 0;
-    for (int i = 0; i < c->ntensors; i++) {
-        const tensor_arg *a = &c->tensors[i];
-        memset(&m[k], 0, sizeof m[k]);
-        m[k].name = a->name;
-        m[k].lo = (uintptr_t)a->t->data;
-        m[k].is_output = a->is_output;
-        m[k].is_tensor = 1;
-        m[k].elem = a->elem_size;
-        tensor_dims(c, a, host_arrays, m[k].n, m[k].st);
-        const int32_t *cu = a->rows == ROWS_Q ? pr->cu_seqlens_q : pr->cu_seqlens_k;
-        m[k].exact = host_arrays || !cu || (a->rows == ROWS_K && pr->page_table);
-        k++;
-    }
-    const int64_t lse_rows = pr->cu_seqlens_q && host_arrays ? pr->cu_seqlens_q[pr->batch]
-                                                             : (int64_t)pr->batch * pr->seqlen_q;
-    int64_t lse_count, pages = 0;
-    if (!mul_ok(lse_rows, pr->heads_q, &lse_count)) lse_count = INT64_MAX / 8;
-    k = add_array(m, k, "lse", c->lse, lse_count, 4, !c->is_bwd);
-    if (c->lse && pr->cu_seqlens_q && !host_arrays) m[k - 1].exact = 0;
-    k = add_array(m, k, "problem.cu_seqlens_q", pr->cu_seqlens_q, (int64_t)pr->batch + 1, 4, 0);
-    k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
-    k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
-    if (pr->page_table && pr->page_size > 0) {   /* rows of page_table_stride, each up to the longest sequence's pages */
-        const int64_t per_seq = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
-        if (!mul_ok((int64_t)pr->batch - 1, pr->page_table_stride, &pages) || !add_ok(&pages, per_seq))
-            pages = INT64_MAX / 8;
-    }
-    k = add_array(m, k, "problem.page_table", pr->page_table, pages, 4, 0);
-    for (int i = 0; i < 3; i++)
-        k = add_array(m, k, descale_names[i], c->descale[i], (int64_t)pr->batch * pr->heads_kv, 4, 0);
-    return k;
-}
 
 /* The bytes [lo, hi) of an array. */
 static void array_bytes(const arg_mem *a, uintptr_t *lo, uintptr_t *hi) {

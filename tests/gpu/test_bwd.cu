@@ -561,19 +561,26 @@ TEST(bwd_seqused_k) {
 // Small shapes of every path, for compute-sanitizer (tools/gpu_bwd_fp8.sh):
 // ragged blocks, packed sequences with shifted tiles, seqused_k's NaN rows,
 // deterministic turns, GQA.
-TEST(bwd_small) {
-    REQUIRE_CUDA_BWD();
-    bwd_case c = bcase(BF16, 1, 70, 150, 4, 2, 64);
+static void run_small_cases(const char *which, int d_causal, int d_packed) {
+    char name[96];
+    bwd_case c = bcase(BF16, 1, 70, 150, 4, 2, d_causal);
     c.causal = 1;
     c.deterministic = 1;
-    run_case("small causal deterministic GQA", c);
+    snprintf(name, sizeof name, "small%s causal deterministic GQA", which);
+    run_case(name, c);
     const int lq[3] = {20, 70, 5}, lk[3] = {140, 30, 9};
-    c = varlen_case(BF16, 3, 2, 2, 128, lq, lk);
+    c = varlen_case(BF16, 3, 2, 2, d_packed, lq, lk);
     c.seqused = 1;
     c.used[0] = 100;
     c.used[1] = 30;
     c.used[2] = 4;
-    run_case("small packed seqused_k", c);
+    snprintf(name, sizeof name, "small%s packed seqused_k", which);
+    run_case(name, c);
+}
+
+TEST(bwd_small) {
+    REQUIRE_CUDA_BWD();
+    run_small_cases("", 64, 128);
 }
 
 // The wide head dims' kernel (bwd_wide_sm90.cuh: 64 keys per CTA, dK and dV
@@ -649,17 +656,7 @@ TEST(bwd_wide_head_dims) {
 // Small shapes of the wide kernel's paths, for compute-sanitizer.
 TEST(bwd_wide_small) {
     REQUIRE_BWD_HDIM(256);
-    bwd_case c = bcase(BF16, 1, 70, 150, 4, 2, 256);
-    c.causal = 1;
-    c.deterministic = 1;
-    run_case("small hdim 256 causal deterministic GQA", c);
-    const int lq[3] = {20, 70, 5}, lk[3] = {140, 30, 9};
-    c = varlen_case(BF16, 3, 2, 2, 256, lq, lk);
-    c.seqused = 1;
-    c.used[0] = 100;
-    c.used[1] = 30;
-    c.used[2] = 4;
-    run_case("small hdim 256 packed seqused_k", c);
+    run_small_cases(" hdim 256", 256, 256);
 }
 
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
