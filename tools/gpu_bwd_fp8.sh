@@ -2,11 +2,11 @@
 # The kernels written while no GPU was lent, off by default until this
 # passes: the backward (FA3C_CUDA_BWD, docs/BACKWARD.md) and the fp8 forward
 # (FA3C_CUDA_FP8, docs/FP8.md). One call on the GPU machine:
-#   1. a hang-trap test build with both on (bf16/fp16 hdim 64 and 128, bf16
-#      hdim 256: the backward's and e4m3's instances come with them);
+#   1. a hang-trap test build with both on (bf16/fp16 at every backward head
+#      dim, or BWD_FP8_INSTANCES: the e4m3 instances come with them);
 #   2. the step tests (test_wgmma: the backward's dQ GEMM, the e4m3 GEMMs
 #      and P fragments), test_bwd and test_fp8_fwd;
-#   3. compute-sanitizer memcheck and racecheck on bwd_small and fp8_fwd_small;
+#   3. compute-sanitizer memcheck and racecheck on bwd_small, bwd_wide_small and fp8_fwd_small;
 #   4. a release build: ptxas counts, the Python GPU tests that run torch
 #      autograd and fp8 through it, and bench.py's backward and fp8 rows
 #      against cuDNN and FA2.
@@ -20,7 +20,7 @@ OUT=${OUT:-$PWD/gpu-out}
 L="$OUT/new"
 mkdir -p "$L"
 flags=${EXTRA_FLAGS:-}
-insts="bf16_hdim64;bf16_hdim128;bf16_hdim256;fp16_hdim64;fp16_hdim128"
+insts=${BWD_FP8_INSTANCES:-"bf16_hdim64;bf16_hdim128;bf16_hdim192;bf16_hdim256;fp16_hdim64;fp16_hdim128;fp16_hdim192;fp16_hdim256"}
 on="-DFA3C_CUDA_BWD=ON -DFA3C_CUDA_FP8=ON -DFA3C_CUDA_VARLEN=OFF"
 B=build-gpu-new
 steps=" ${STEPS:-tests sanitizers bench} "
@@ -42,7 +42,7 @@ grep -E "^\[|max err|FAIL" $B/Testing/Temporary/LastTest*.log 2>/dev/null >"$L/e
 fi
 if [[ $steps == *" sanitizers "* ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    for c in "test_bwd bwd_small" "test_fp8_fwd fp8_fwd_small"; do
+    for c in "test_bwd bwd_small" "test_bwd bwd_wide_small" "test_fp8_fwd fp8_fwd_small"; do
       [ "${SANITIZE_FP8:-1}" = 0 ] && [ "${c%% *}" = test_fp8_fwd ] && continue
       set -- $c
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/$1 $2 >"$L/sanitizer_${tool}_$2.log" 2>&1

@@ -152,8 +152,9 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     if ((s = fill_kernel_params(&k, p, block_m, rows_pad)) != FA3C_STATUS_OK) return s;
 
     /* Scratch, stream-ordered: dq_accum (fp32) and with deterministic = 1 the
-     * dQ turn counters, both zeroed; then lse_log2 and dsum. Every part is a
-     * multiple of 256 bytes (rows_pad is a multiple of the block's 64 or 128 rows). */
+     * dQ turn counters, both zeroed by the preprocessing; then lse_log2 and
+     * dsum. Every part is a multiple of 256 bytes (rows_pad is a multiple of
+     * the block's 64 or 128 rows). */
     const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;
     const size_t accum_bytes = rows * kernel_d * sizeof(float), row_bytes = rows * sizeof(float);
     const size_t sem_bytes = p->deterministic ? rows / block_m * sizeof(int) : 0;
@@ -190,6 +191,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.lse_log2 = (float *)k.lse_log2;
     prep.dsum = (float *)k.dsum;
     prep.dq_accum = k.dq_accum;
+    prep.dq_semaphore = k.dq_semaphore;
     prep.dq = p->dq.data;
     memcpy(prep.dq_stride, p->dq.stride, sizeof prep.dq_stride);
     prep.batch = pr->batch;
@@ -201,13 +203,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.block_m = block_m;
     prep.softmax_scale = pr->softmax_scale;
 
-    e = cudaMemsetAsync(ws, 0, zeroed, (cudaStream_t)stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        s = fa3c_error(FA3C_STATUS_CUDA_ERROR, "CUDA backward: clearing dq's accumulator failed: %s",
-                       cudaGetErrorString(e));
-    }
-    if (s == FA3C_STATUS_OK) s = fa3c_bwd_prep(&prep, fp16, stream);
+    s = fa3c_bwd_prep(&prep, fp16, stream);
     if (s == FA3C_STATUS_OK) s = find_bwd(pr)->launch(&k, stream);
     if (s == FA3C_STATUS_OK) s = fa3c_bwd_write_dq(&prep, fp16, stream);
     cudaFreeAsync(ws, (cudaStream_t)stream);

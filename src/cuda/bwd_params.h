@@ -74,6 +74,7 @@ typedef struct fa3c_bwd_prep_params {
     const float *lse;
     const int *cu_seqlens_q;   /* NULL = fixed length */
     float *lse_log2, *dsum, *dq_accum;
+    int *dq_semaphore;         /* deterministic = 1 (else NULL): zeroed by the preprocessing */
     void *dq;
     int64_t dq_stride[3];
     int batch, seqlen_q, heads_q, headdim, rows_pad;

@@ -1,5 +1,8 @@
-// The backward's kernels before and after the main one (bwd_sm90.cuh):
-// plain CUDA, one warp per query row, memory-bound and small next to it.
+// The backward's kernels before and after the main one (bwd_sm90.cuh,
+// bwd_wide_sm90.cuh): plain CUDA, memory-bound. They move the same bytes at
+// every sequence length, so at short sequences they are a large part of a
+// call: both read and write in 16-byte vectors where the tensors allow, and
+// the preprocessing also zeroes dQ's accumulator (no separate memset).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -8,17 +11,44 @@
 #include "bwd_tiles.h"
 #include "backend.h"
 
-enum { ROWS_PER_CTA = 4 };   // one warp per row
+enum {
+    PREP_ROWS = 32,                  // query rows per preprocessing CTA
+    PREP_LANES = 8,                  // threads per row, 8 elements each per pass
+    PREP_THREADS = PREP_ROWS * PREP_LANES,
+    DQ_THREADS = 128,                // one 64 x 64 piece of the accumulator per dq CTA
+    DQ_PITCH = 64 + 8                // smem row pitch of the dq kernel's staging tile, in 16-bit elements
+};
 
 template <int FP16>
-static __device__ __forceinline__ float load16(const void *base, int64_t i) {
+static __device__ __forceinline__ float to_float(const void *base, int64_t i) {
     return FP16 ? __half2float(((const __half *)base)[i]) : __bfloat162float(((const __nv_bfloat16 *)base)[i]);
 }
 
+// Eight consecutive 16-bit elements at base[i] as floats: one 16-byte load
+// (VEC: the caller checked the alignment) or eight 2-byte ones.
+template <int FP16, int VEC>
+static __device__ __forceinline__ void load8(const void *base, int64_t i, float *x) {
+    if (VEC) {
+        const uint4 u = *(const uint4 *)((const uint16_t *)base + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 f;
+            if (FP16) f = __half22float2(*(const __half2 *)&w[j]);
+            else f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[j]);
+            x[2 * j] = f.x;
+            x[2 * j + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = to_float<FP16>(base, i + j);
+    }
+}
+
 template <int FP16>
-static __device__ __forceinline__ void store16(void *base, int64_t i, float x) {
-    if (FP16) ((__half *)base)[i] = __float2half_rn(x);
-    else ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
+static __device__ __forceinline__ uint16_t to_bits(float x) {
+    if (FP16) return __half_as_ushort(__float2half_rn(x));
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
 // The queries of `batch`'s sequence: how many, and the token of the first
@@ -42,50 +72,94 @@ static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params 
     return (p.cu_seqlens_q ? 0 : batch * st[0]) + (tok + q) * st[1] + head * st[2];
 }
 
-// Grid: (rows_pad / ROWS_PER_CTA, heads_q, batch). Scratch row `row` is row
-// row % block_m of query block row / block_m's smem tile, which holds query
-// fa3c_bwd_rows_start(...) + row % block_m (bwd_params.h): rows outside the
-// sequence, or owned by the block before, get lse_log2 = +inf and dsum = 0.
-template <int FP16>
-__global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
-    const int row = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int head = blockIdx.y, batch = blockIdx.z, block = row / p.block_m;
+// The query held by scratch row `row` (row % block_m of query block
+// row / block_m's smem tile, fa3c_bwd_rows_start), or -1 for a row outside
+// the sequence or owned by the block before.
+static __device__ __forceinline__ int scratch_query(const fa3c_bwd_prep_params &p, int row, int sq) {
+    const int block = row / p.block_m;
+    const int q = fa3c_bwd_rows_start(block, p.block_m, sq, p.cu_seqlens_q != nullptr) + row % p.block_m;
+    return q >= block * p.block_m && q < sq ? q : -1;
+}
+
+// Grid: (rows_pad / PREP_ROWS, heads_q, batch). Per scratch row: dsum =
+// rowsum(dO ⊙ O) and lse_log2 = lse · log2(e), or dsum = 0 and lse_log2 =
+// +inf for rows without a query of their own and for fully masked rows.
+// Each CTA also zeroes its rows' share of dQ's accumulator (any PREP_ROWS x
+// accum_cols floats of it: the tile order permutes within a block) and,
+// deterministic, the turn counter of a query block it starts.
+template <int FP16, int VEC>
+__global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
+    const int head = blockIdx.y, batch = blockIdx.z, row0 = blockIdx.x * PREP_ROWS;
+    const int64_t bh = (int64_t)batch * p.heads_q + head;
+    float4 *zero = (float4 *)(p.dq_accum + (bh * p.rows_pad + row0) * p.accum_cols);
+    for (int i = threadIdx.x; i < PREP_ROWS * p.accum_cols / 4; i += PREP_THREADS) zero[i] = make_float4(0, 0, 0, 0);
+    if (p.dq_semaphore && threadIdx.x == 0 && row0 % p.block_m == 0)
+        p.dq_semaphore[bh * (p.rows_pad / p.block_m) + row0 / p.block_m] = 0;
+
+    const int row = row0 + threadIdx.x / PREP_LANES, lane = threadIdx.x % PREP_LANES;
     const PrepRow s = prep_sequence(p, batch);
-    const int q = fa3c_bwd_rows_start(block, p.block_m, s.sq, p.cu_seqlens_q != nullptr) + row % p.block_m;
-    const bool valid = q >= block * p.block_m && q < s.sq;
+    const int q = scratch_query(p, row, s.sq);
     float sum = 0.f;
-    if (valid) {
+    if (q >= 0) {
         const int64_t o = row_offset(p, p.out_stride, batch, s.tok, q, head);
         const int64_t g = row_offset(p, p.dout_stride, batch, s.tok, q, head);
-        for (int c = lane; c < p.headdim; c += 32) sum += load16<FP16>(p.out, o + c) * load16<FP16>(p.dout, g + c);
+        for (int c = 8 * lane; c < p.headdim; c += 8 * PREP_LANES) {
+            float x[8], y[8];
+            load8<FP16, VEC>(p.out, o + c, x);
+            load8<FP16, VEC>(p.dout, g + c, y);
+#pragma unroll
+            for (int j = 0; j < 8; j++) sum += x[j] * y[j];
+        }
     }
 #pragma unroll
-    for (int width = 16; width > 0; width /= 2) sum += __shfl_xor_sync(~0u, sum, width);
+    for (int width = PREP_LANES / 2; width > 0; width /= 2) sum += __shfl_xor_sync(~0u, sum, width);
     if (lane == 0) {
-        const int64_t i = ((int64_t)batch * p.heads_q + head) * p.rows_pad + row;
         // The forward's LSE: (batch, heads_q, seqlen_q), or packed (heads_q, total_q).
         const int64_t l = p.cu_seqlens_q ? (int64_t)head * p.cu_seqlens_q[p.batch] + s.tok + q
-                                         : ((int64_t)batch * p.heads_q + head) * p.seqlen_q + q;
-        const float lse = valid ? p.lse[l] : -INFINITY;
-        p.dsum[i] = valid ? sum : 0.f;
-        p.lse_log2[i] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+                                         : bh * p.seqlen_q + q;
+        const float lse = q >= 0 ? p.lse[l] : -INFINITY;
+        p.dsum[bh * p.rows_pad + row] = q >= 0 ? sum : 0.f;
+        p.lse_log2[bh * p.rows_pad + row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
 }
 
-// Grid: (ceil(seqlen_q / ROWS_PER_CTA), heads_q, batch).
-template <int FP16>
-__global__ void __launch_bounds__(32 * ROWS_PER_CTA) bwd_dq_kernel(const fa3c_bwd_prep_params p) {
-    const int q = blockIdx.x * ROWS_PER_CTA + threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int head = blockIdx.y, batch = blockIdx.z;
+// Grid: (rows_pad / 64 x accum_cols / 64, heads_q, batch): one 64 x 64
+// piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset) per CTA,
+// read whole (thread t's float4 k is at (128 k + t) 4: rows 16 warp + lane / 4
+// (+ 8), columns 8 k + 2 (lane % 4) (+ 1)), scaled and staged in smem as
+// 16-bit rows, then written as 16-byte row pieces (VEC) or 2-byte elements.
+template <int FP16, int VEC>
+__global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_params p) {
+    __shared__ __align__(16) uint16_t tile[64 * DQ_PITCH];
+    const int head = blockIdx.y, batch = blockIdx.z, col_pieces = p.accum_cols / 64;
+    const int row64 = blockIdx.x / col_pieces, col0 = (blockIdx.x % col_pieces) * 64;
     const PrepRow s = prep_sequence(p, batch);
-    if (q >= s.sq) return;
-    const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head);
-    // Tile order (fa3c_bwd_dq_tile_offset): query q is row q - q0 of block q / block_m's tile.
-    const int m = q / p.block_m, r = q - fa3c_bwd_rows_start(m, p.block_m, s.sq, p.cu_seqlens_q != nullptr);
-    const float *tile = p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * p.block_m) *
-                                         p.accum_cols;
-    for (int c = lane; c < p.headdim; c += 32)
-        store16<FP16>(p.dq, o + c, tile[fa3c_bwd_dq_tile_offset(r, c, p.accum_cols)] * p.softmax_scale);
+    if (row64 * 64 >= p.rows_pad || fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq,
+                                                         p.cu_seqlens_q != nullptr) >= s.sq)
+        return;   // past the sequence (packed sequences shorter than the longest)
+    const int64_t bh = (int64_t)batch * p.heads_q + head;
+    const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row64 * 64) * p.accum_cols) +
+                          (blockIdx.x % col_pieces) * 1024;
+    const int t = threadIdx.x, r = 16 * (t / 32) + (t % 32) / 4, c = 2 * (t % 4);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float4 v = piece[128 * k + t];
+        uint32_t lo = to_bits<FP16>(v.x * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.y * p.softmax_scale) << 16;
+        uint32_t hi = to_bits<FP16>(v.z * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.w * p.softmax_scale) << 16;
+        *(uint32_t *)&tile[r * DQ_PITCH + 8 * k + c] = lo;
+        *(uint32_t *)&tile[(r + 8) * DQ_PITCH + 8 * k + c] = hi;
+    }
+    __syncthreads();
+    for (int j = t; j < 64 * 8; j += DQ_THREADS) {   // 8 pieces of 8 columns per row
+        const int rr = j / 8, cc = 8 * (j % 8), col = col0 + cc;
+        const int q = scratch_query(p, row64 * 64 + rr, s.sq);
+        if (q < 0 || col >= p.headdim) continue;
+        const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head) + col;
+        const uint16_t *src = &tile[rr * DQ_PITCH + cc];
+        if (VEC) *(uint4 *)((uint16_t *)p.dq + o) = *(const uint4 *)src;
+        else
+            for (int e = 0; e < 8; e++) ((uint16_t *)p.dq)[o + e] = src[e];
+    }
 }
 
 static fa3c_status launched(const char *what) {
@@ -95,17 +169,29 @@ static fa3c_status launched(const char *what) {
                                          cudaGetErrorString(e));
 }
 
+// 16-byte vectors fit a tensor whose pointer and strides are multiples of 8
+// elements (the head dims, 64-256, are).
+static bool vector_ok(const void *data, const int64_t *stride) {
+    return (uintptr_t)data % 16 == 0 && stride[0] % 8 == 0 && stride[1] % 8 == 0 && stride[2] % 8 == 0;
+}
+
+#define FA3C_BWD_AUX_LAUNCH(kernel, grid, threads, fp16, vec, p, stream)                        \
+    do {                                                                                        \
+        if (fp16 && vec) kernel<1, 1><<<grid, threads, 0, (cudaStream_t)stream>>>(p);          \
+        else if (fp16) kernel<1, 0><<<grid, threads, 0, (cudaStream_t)stream>>>(p);            \
+        else if (vec) kernel<0, 1><<<grid, threads, 0, (cudaStream_t)stream>>>(p);             \
+        else kernel<0, 0><<<grid, threads, 0, (cudaStream_t)stream>>>(p);                      \
+    } while (0)
+
 extern "C" fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
-    const dim3 grid((unsigned)(p->rows_pad / ROWS_PER_CTA), (unsigned)p->heads_q, (unsigned)p->batch);
-    if (fp16) bwd_prep_kernel<1><<<grid, 32 * ROWS_PER_CTA, 0, (cudaStream_t)stream>>>(*p);
-    else bwd_prep_kernel<0><<<grid, 32 * ROWS_PER_CTA, 0, (cudaStream_t)stream>>>(*p);
+    const dim3 grid((unsigned)(p->rows_pad / PREP_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
+    const bool vec = vector_ok(p->out, p->out_stride) && vector_ok(p->dout, p->dout_stride);
+    FA3C_BWD_AUX_LAUNCH(bwd_prep_kernel, grid, PREP_THREADS, fp16, vec, *p, stream);
     return launched("preprocessing kernel");
 }
 
 extern "C" fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
-    const dim3 grid((unsigned)((p->seqlen_q + ROWS_PER_CTA - 1) / ROWS_PER_CTA), (unsigned)p->heads_q,
-                    (unsigned)p->batch);
-    if (fp16) bwd_dq_kernel<1><<<grid, 32 * ROWS_PER_CTA, 0, (cudaStream_t)stream>>>(*p);
-    else bwd_dq_kernel<0><<<grid, 32 * ROWS_PER_CTA, 0, (cudaStream_t)stream>>>(*p);
+    const dim3 grid((unsigned)(p->rows_pad / 64 * (p->accum_cols / 64)), (unsigned)p->heads_q, (unsigned)p->batch);
+    FA3C_BWD_AUX_LAUNCH(bwd_dq_kernel, grid, DQ_THREADS, fp16, vector_ok(p->dq, p->dq_stride), *p, stream);
     return launched("dq kernel");
 }
