@@ -77,8 +77,8 @@ typedef struct fa3c_tensor {
 /* The attention problem shared by forward and backward. */
 typedef struct fa3c_problem {
     fa3c_dtype dtype;      /* of q, k, v (and out, dout, dq, dk, dv; E4M3 in -> BF16 out) */
-    int batch;
-    int seqlen_q;          /* 1..FA3C_MAX_SEQLEN; with cu_seqlens_q: the maximum over the batch */
+    int batch;             /* 0 (or heads_q 0, or a forward's seqlen_q 0): nothing to do, success (docs/API.md) */
+    int seqlen_q;          /* 0..FA3C_MAX_SEQLEN; with cu_seqlens_q: the maximum over the batch */
     int seqlen_k;          /* with cu_seqlens_k / page_table: the maximum over the batch */
     int heads_q;
     int heads_kv;          /* heads_q % heads_kv == 0 (GQA / MQA) */

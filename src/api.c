@@ -72,21 +72,31 @@ static int mul_ok(int64_t a, int64_t b, int64_t *out) {
 
 /* ---- 1. scalar fields of the problem (no memory is read) ---- */
 
+/* Nothing to compute: no batch, no query heads, or a forward without
+ * queries. Such a call succeeds and touches no memory (its tensors have no
+ * elements, so their pointers and strides are not looked at). A backward
+ * without queries (dk, dv = 0) or any call without keys (out = 0, lse =
+ * -inf) has outputs to write and is not empty. */
+static int problem_is_empty(const fa3c_problem *pr, int is_bwd) {
+    return pr->batch == 0 || pr->heads_q == 0 || (!is_bwd && pr->seqlen_q == 0);
+}
+
 static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     if ((int)pr->dtype < FA3C_DTYPE_FP32 || (int)pr->dtype > FA3C_DTYPE_E4M3)
         return fa3c_error(BAD, "problem.dtype: unknown dtype %d (expected 0..3: FP32, FP16, BF16, E4M3)",
                           (int)pr->dtype);
-    if (pr->batch < 1) return fa3c_error(BAD, "problem.batch: must be >= 1 (got %d)", pr->batch);
-    if (pr->seqlen_q < 1 || pr->seqlen_q > FA3C_MAX_SEQLEN)
-        return fa3c_error(BAD, "problem.seqlen_q: must be in [1, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
+    if (pr->batch < 0) return fa3c_error(BAD, "problem.batch: must be >= 0 (got %d)", pr->batch);
+    if (pr->seqlen_q < 0 || pr->seqlen_q > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "problem.seqlen_q: must be in [0, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
                           pr->seqlen_q);
-    if (pr->seqlen_k < 1 || pr->seqlen_k > FA3C_MAX_SEQLEN)
-        return fa3c_error(BAD, "problem.seqlen_k: must be in [1, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
+    if (pr->seqlen_k < 0 || pr->seqlen_k > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "problem.seqlen_k: must be in [0, FA3C_MAX_SEQLEN = %d] (got %d)", FA3C_MAX_SEQLEN,
                           pr->seqlen_k);
-    if (pr->heads_q < 1) return fa3c_error(BAD, "problem.heads_q: must be >= 1 (got %d)", pr->heads_q);
-    if (pr->heads_kv < 1) return fa3c_error(BAD, "problem.heads_kv: must be >= 1 (got %d)", pr->heads_kv);
-    if (pr->heads_q % pr->heads_kv != 0)
+    if (pr->heads_q < 0) return fa3c_error(BAD, "problem.heads_q: must be >= 0 (got %d)", pr->heads_q);
+    if (pr->heads_kv < 0 || (pr->heads_kv == 0 && pr->heads_q > 0))
+        return fa3c_error(BAD, "problem.heads_kv: must be >= 1, or 0 with heads_q 0 (got %d)", pr->heads_kv);
+    if (pr->heads_kv > 0 && pr->heads_q % pr->heads_kv != 0)
         return fa3c_error(BAD, "problem.heads_q (%d) must be a multiple of problem.heads_kv (%d)",
                           pr->heads_q, pr->heads_kv);
     if (pr->headdim < 8 || pr->headdim > 256 || pr->headdim % 8 != 0)
@@ -120,6 +130,14 @@ static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
         if (pr->page_table_stride < need)
             return fa3c_error(BAD, "problem.page_table_stride: must be >= ceil(seqlen_k / page_size) = %lld (got %lld)",
                               (long long)need, (long long)pr->page_table_stride);
+    }
+    if (!problem_is_empty(pr, is_bwd)) {
+        if (pr->seqlen_k == 0)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqlen_k: 0 keys (out = 0, lse = -inf, dq = 0) "
+                              "is not supported yet");
+        if (is_bwd && pr->seqlen_q == 0)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqlen_q: a backward without queries (dk = dv "
+                              "= 0) is not supported yet");
     }
     return FA3C_STATUS_OK;
 }
@@ -488,12 +506,17 @@ static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
 
 /* ---- the common sequence ---- */
 
+static fa3c_status check_backend_value(fa3c_backend b) {
+    if ((int)b < FA3C_BACKEND_AUTO || (int)b > FA3C_BACKEND_CPU_REFERENCE)
+        return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "backend: unknown backend %d (expected 0..3: AUTO, CPU, "
+                          "CUDA, CPU_REFERENCE)", (int)b);
+    return FA3C_STATUS_OK;
+}
+
 static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
-    if ((int)c->backend < FA3C_BACKEND_AUTO || (int)c->backend > FA3C_BACKEND_CPU_REFERENCE)
-        return fa3c_error(BAD, "backend: unknown backend %d (expected 0..3: AUTO, CPU, CUDA, CPU_REFERENCE)",
-                          (int)c->backend);
+    if ((s = check_backend_value(c->backend)) != FA3C_STATUS_OK) return s;
     for (int i = 0; i < c->ntensors; i++)
         if ((s = check_tensor_form(&c->tensors[i])) != FA3C_STATUS_OK) return s;
     if ((s = check_host_array_ptr("lse", c->lse, 4)) != FA3C_STATUS_OK ||
@@ -525,7 +548,10 @@ static float default_scale(const fa3c_problem *pr) {
 
 /* ---- forward ---- */
 
-static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
+/* prepare_fwd / prepare_bwd: validate p and fill *out with the backend and
+ * scale resolved; *empty = 1 for a problem with nothing to compute
+ * (problem_is_empty), whose memory is not validated and must not be touched. */
+static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, int *empty) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -537,6 +563,8 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
         if (descale[i] && pr->dtype != FA3C_DTYPE_E4M3)
             return fa3c_error(BAD, "%s: only valid with dtype E4M3 (dtype is %s)", descale_names[i],
                               dtype_name(pr->dtype));
+    *out = *p;
+    if ((*empty = problem_is_empty(pr, 0))) return check_backend_value(p->backend);
 
     int in = dtype_size(pr->dtype);
     int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
@@ -558,16 +586,19 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
 
 fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
     fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r);
+    int empty = 0;
+    fa3c_status s = prepare_fwd(p, &r, &empty);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r);
+    int empty = 0;
+    fa3c_status s = prepare_fwd(p, &r, &empty);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
+    if (empty) return FA3C_STATUS_OK;
     switch (r.backend) {
     case FA3C_BACKEND_CUDA: s = fa3c_cuda_fwd(&r, stream); break;
     case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_fwd_reference(&r); break;
@@ -579,7 +610,13 @@ fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
 
 /* ---- backward ---- */
 
-static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
+static fa3c_status bwd_dtype_supported(const fa3c_problem *pr) {
+    if (pr->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.dtype: E4M3 has no backward (fp8 is forward only)");
+    return FA3C_STATUS_OK;
+}
+
+static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, int *empty) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -587,6 +624,11 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     if ((s = check_problem_scalars(pr, 1)) != FA3C_STATUS_OK) return s;
     if (p->deterministic != 0 && p->deterministic != 1)
         return fa3c_error(BAD, "deterministic: must be 0 or 1 (got %d)", p->deterministic);
+    *out = *p;
+    if ((*empty = problem_is_empty(pr, 1))) {
+        if ((s = check_backend_value(p->backend)) != FA3C_STATUS_OK) return s;
+        return bwd_dtype_supported(pr);
+    }
     if (!p->lse) return fa3c_error(BAD, "lse: is NULL; the backward needs the forward's log-sum-exp");
 
     int es = dtype_size(pr->dtype);
@@ -602,8 +644,7 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
     /* Well-formed but unsupported: only after every malformed case has been named. */
-    if (pr->dtype == FA3C_DTYPE_E4M3)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.dtype: E4M3 has no backward (fp8 is forward only)");
+    if ((s = bwd_dtype_supported(pr)) != FA3C_STATUS_OK) return s;
     if (pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
 
@@ -616,16 +657,19 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
 
 fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r);
+    int empty = 0;
+    fa3c_status s = prepare_bwd(p, &r, &empty);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r);
+    int empty = 0;
+    fa3c_status s = prepare_bwd(p, &r, &empty);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
+    if (empty) return FA3C_STATUS_OK;
     switch (r.backend) {
     case FA3C_BACKEND_CUDA: s = fa3c_cuda_bwd(&r, stream); break;
     case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_bwd_reference(&r); break;

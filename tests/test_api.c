@@ -245,12 +245,11 @@ TEST(shapes) {
     fixture f;
     fixture_init(&f);
     fa3c_fwd_params p;
-    p = f.fwd; p.problem.batch = 0; FWD_FAIL(f, p, INVALID, "problem.batch");
     p = f.fwd; p.problem.batch = -3; FWD_FAIL(f, p, INVALID, "problem.batch");
-    p = f.fwd; p.problem.seqlen_q = 0; FWD_FAIL(f, p, INVALID, "problem.seqlen_q");
-    p = f.fwd; p.problem.seqlen_k = 0; FWD_FAIL(f, p, INVALID, "problem.seqlen_k");
+    p = f.fwd; p.problem.seqlen_q = -1; FWD_FAIL(f, p, INVALID, "problem.seqlen_q");
+    p = f.fwd; p.problem.seqlen_k = 0; FWD_FAIL(f, p, UNSUPPORTED, "problem.seqlen_k: 0 keys");
     p = f.fwd; p.problem.seqlen_k = -1; FWD_FAIL(f, p, INVALID, "problem.seqlen_k");
-    p = f.fwd; p.problem.heads_q = 0; FWD_FAIL(f, p, INVALID, "problem.heads_q");
+    p = f.fwd; p.problem.heads_q = -1; FWD_FAIL(f, p, INVALID, "problem.heads_q");
     p = f.fwd; p.problem.heads_kv = 0; FWD_FAIL(f, p, INVALID, "problem.heads_kv");
     p = f.fwd; p.problem.heads_q = 3; FWD_FAIL(f, p, INVALID, "problem.heads_q (3) must be a multiple of problem.heads_kv (2)");
     p = f.fwd; p.problem.heads_q = 12; p.problem.heads_kv = 5;
@@ -263,10 +262,50 @@ TEST(shapes) {
     p = f.fwd; p.problem.seqlen_q = 1; p.problem.seqlen_k = 1; FWD_OK(p);
 
     fa3c_bwd_params g;
-    g = f.bwd; g.problem.batch = 0; BWD_FAIL(f, g, INVALID, "problem.batch");
-    g = f.bwd; g.problem.seqlen_q = 0; BWD_FAIL(f, g, INVALID, "problem.seqlen_q");
-    g = f.bwd; g.problem.seqlen_k = 0; BWD_FAIL(f, g, INVALID, "problem.seqlen_k");
+    g = f.bwd; g.problem.batch = -1; BWD_FAIL(f, g, INVALID, "problem.batch");
+    g = f.bwd; g.problem.seqlen_q = 0; BWD_FAIL(f, g, UNSUPPORTED, "problem.seqlen_q: a backward without queries");
+    g = f.bwd; g.problem.seqlen_k = 0; BWD_FAIL(f, g, UNSUPPORTED, "problem.seqlen_k: 0 keys");
     g = f.bwd; g.problem.heads_q = 5; BWD_FAIL(f, g, INVALID, "problem.heads_q (5) must be a multiple");
+    fixture_free(&f);
+}
+
+/* Nothing to compute (no batch, no query heads, a forward without queries):
+ * the check and the call succeed, whatever the tensors' pointers and
+ * strides, and write nothing. A malformed scalar is still named. */
+TEST(empty_problems) {
+    fixture f;
+    fixture_init(&f);
+    for (int which = 0; which < 4; which++) {
+        fa3c_fwd_params p = f.fwd;
+        fa3c_bwd_params g = f.bwd;
+        if (which == 0) p.problem.batch = g.problem.batch = 0;
+        if (which == 1) p.problem.heads_q = p.problem.heads_kv = g.problem.heads_q = g.problem.heads_kv = 0;
+        if (which == 2) p.problem.seqlen_q = 0;                 /* forward only: the backward's dk, dv are not empty */
+        if (which == 3) p.problem.batch = g.problem.batch = 0, p.q.data = g.dq.data = NULL, p.q.stride[3] = 7;
+        poison_outputs(&f, 0);
+        FWD_OK(p);
+        fa3c_status s = fa3c_fwd(&p, NULL);
+        CHECK(s == OK, "case %d: fa3c_fwd -> %s (%s)", which, fa3c_status_string(s), fa3c_last_error());
+        CHECK(outputs_untouched(&f, 0), "case %d: an empty forward wrote its outputs", which);
+        if (which == 2) continue;
+        poison_outputs(&f, 1);
+        BWD_OK(g);
+        s = fa3c_bwd(&g, NULL);
+        CHECK(s == OK, "case %d: fa3c_bwd -> %s (%s)", which, fa3c_status_string(s), fa3c_last_error());
+        CHECK(outputs_untouched(&f, 1), "case %d: an empty backward wrote its outputs", which);
+    }
+    fa3c_fwd_params p = f.fwd;
+    p.problem.batch = 0;
+    p.problem.headdim = 100;
+    FWD_FAIL(f, p, INVALID, "problem.headdim");
+    p = f.fwd;
+    p.problem.batch = 0;
+    p.backend = (fa3c_backend)9;
+    FWD_FAIL(f, p, INVALID, "backend: unknown backend 9");
+    fa3c_bwd_params g = f.bwd;
+    g.problem.batch = 0;
+    g.problem.dtype = FA3C_DTYPE_E4M3;
+    BWD_FAIL(f, g, UNSUPPORTED, "E4M3 has no backward");
     fixture_free(&f);
 }
 
@@ -670,7 +709,7 @@ TEST(last_error_cleared) {
     fixture f;
     fixture_init(&f);
     fa3c_fwd_params p = f.fwd;
-    p.problem.batch = 0;
+    p.problem.batch = -1;
     fa3c_fwd_check(&p);
     CHECK(fa3c_last_error()[0] != '\0', "no message after a failure");
     /* A query in between keeps the failure's message. */
@@ -704,7 +743,7 @@ static void *thread_other(void *arg) {
     fixture *f = arg;
     pthread_barrier_wait(&barrier);
     fa3c_fwd_params p = f->fwd;
-    p.problem.batch = 0;
+    p.problem.batch = -1;
     fa3c_fwd_check(&p);
     int ok = strstr(fa3c_last_error(), "problem.batch") != NULL;
     fa3c_fwd_check(&f->fwd);
