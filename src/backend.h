@@ -40,14 +40,14 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p);
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */
 int fa3c_cuda_fwd_block_n(const fa3c_problem *pr);
-/* CTAs per cluster of the last forward kernel launched by this process (1
+/* CTAs per cluster of the last forward kernel launched by this thread (1
  * or 2, FA3C_FWD_CLUSTER); 0 before any (for tests that clusters ran). */
 int fa3c_cuda_fwd_last_cluster(void);
-/* Key splits (split-KV) of the last forward kernel launched by this process;
+/* Key splits (split-KV) of the last forward kernel launched by this thread;
  * 0 before any (for tests that a call did split). */
 int fa3c_cuda_fwd_last_num_splits(void);
-/* 1 if the last forward kernel launched copied paged K/V with cp.async
- * (FA3C_FWD_PAGED_COPY_BELOW), 0 if not or before any (for tests of the path). */
+/* 1 if the last forward kernel launched by this thread copied paged K/V with
+ * cp.async (FA3C_FWD_PAGED_COPY_BELOW), 0 if not or before any (for tests of the path). */
 int fa3c_cuda_fwd_last_paged_copies(void);
 
 #ifdef __cplusplus

@@ -137,7 +137,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
     return in ? in->block_n : 0;
 }
 
-static int last_cluster, last_num_splits, last_paged_copies;   /* written by each forward launch; read by tests only */
+/* What this thread's last forward launch chose, for the tests; per thread, as
+ * fa3c_last_error is, so that calls from several threads do not race. */
+static _Thread_local int last_cluster, last_num_splits, last_paged_copies;
 int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
 int fa3c_cuda_fwd_last_num_splits(void) { return last_num_splits; }
 int fa3c_cuda_fwd_last_paged_copies(void) { return last_paged_copies; }

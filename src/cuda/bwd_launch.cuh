@@ -14,7 +14,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     size_t smem;
     if constexpr (D > 128) kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
     else kernel = bwd_kernel<D, FP16>, smem = bwd_smem_bytes<D>();
-    static int launch_regs = -1;
+    static int launch_regs = -1;   // one per instance; read and written atomically (prepare_launch)
     const int budget = 128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS;
     // The host (C flags) and this kernel (CUDA flags) must agree on the knobs
     // that shape the work: a build that splits them would hang or write past dk.

@@ -8,7 +8,7 @@
 template <int D>
 static fa3c_status launch_fwd_fp8(const fa3c_fp8_kernel_params *p, cudaStream_t stream) {
     const size_t smem = fwd_fp8_smem_bytes<D>();
-    static int launch_regs = -1;
+    static int launch_regs = -1;   // one per instance; read and written atomically (prepare_launch)
     const int budget = 128 * FA3C_FP8_PRODUCER_REGS + 256 * FA3C_FP8_CONSUMER_REGS;
     fa3c_status s = prepare_launch(fwd_fp8_kernel<D>, smem, FA3C_FP8_THREADS, budget, &launch_regs, "fp8 forward kernel",
                                    D);

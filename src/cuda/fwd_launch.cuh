@@ -55,24 +55,24 @@ static cudaError_t launch_in_clusters(const fa3c_fwd_kernel_params *p, size_t sm
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    // Clusters of 2 resident at once, asked once per device (0: unknown).
-    // Racing threads would store the same values.
+    // Clusters of 2 resident at once, asked once per device: 1 + the count
+    // (0: not asked yet), with relaxed atomics (threads racing store the same value).
     enum { DEVICES = 64 };
-    static int pairs_that_fit[DEVICES];
-    static int asked[DEVICES];
+    static int pairs_that_fit_plus_1[DEVICES];
     int dev = 0;
     if (FA3C_FWD_PERSISTENT && p->cluster == 2 && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < DEVICES) {
-        if (!asked[dev]) {
+        int cached = __atomic_load_n(&pairs_that_fit_plus_1[dev], __ATOMIC_RELAXED);
+        if (cached == 0) {
             int fit = 0;
             if (cudaOccupancyMaxActiveClusters(&fit, fwd_kernel<D, BLOCK_N, FP16, VARLEN>, &cfg) != cudaSuccess) {
                 cudaGetLastError();
                 fit = 0;
             }
-            pairs_that_fit[dev] = fit;
-            asked[dev] = 1;
+            cached = 1 + (fit > 0 ? fit : 0);
+            __atomic_store_n(&pairs_that_fit_plus_1[dev], cached, __ATOMIC_RELAXED);
         }
-        if (pairs_that_fit[dev] > 0 && 2 * pairs_that_fit[dev] < p->grid)
-            cfg.gridDim = dim3(2u * (unsigned)pairs_that_fit[dev]);
+        const int pairs = cached - 1;
+        if (pairs > 0 && 2 * pairs < p->grid) cfg.gridDim = dim3(2u * (unsigned)pairs);
     }
     return cudaLaunchKernelEx(&cfg, fwd_kernel<D, BLOCK_N, FP16, VARLEN>, *p);
 }
@@ -86,7 +86,7 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
     if (p->cluster > FA3C_FWD_CLUSTER)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
                           "was built without clusters (FA3C_FWD_CLUSTER differs between the C and CUDA flags)", D);
-    static int launch_regs = -1;
+    static int launch_regs = -1;   // one per instance; read and written atomically (prepare_launch)
     fa3c_status s = prepare_launch(fwd_kernel<D, BLOCK_N, FP16, VARLEN>, smem, FA3C_FWD_THREADS(D),
                                    (int)RegBudget<D, VARLEN>::TOTAL, &launch_regs, "forward kernel", D);
     if (s != FA3C_STATUS_OK) return s;

@@ -17,13 +17,15 @@ static fa3c_status prepare_launch(Kernel kernel, size_t smem, int threads, int b
     if (e != cudaSuccess)
         return fa3c_error(FA3C_STATUS_CUDA_ERROR, "%s (hdim %d): setting %zu B of smem failed: %s", what, d, smem,
                           cudaGetErrorString(e));
-    if (*launch_regs < 0) {
+    int regs = __atomic_load_n(launch_regs, __ATOMIC_RELAXED);   // threads may launch at once: all store the same
+    if (regs < 0) {
         cudaFuncAttributes attr;
-        *launch_regs = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.numRegs : 0;
+        regs = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.numRegs : 0;
         cudaGetLastError();
+        __atomic_store_n(launch_regs, regs, __ATOMIC_RELAXED);
     }
-    if (*launch_regs > 0 && *launch_regs * threads < budget)
+    if (regs > 0 && regs * threads < budget)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "%s (hdim %d): %d registers per thread at launch, fewer than its "
-                          "setmaxnreg budgets need (%d in all)", what, d, *launch_regs, budget);
+                          "setmaxnreg budgets need (%d in all)", what, d, regs, budget);
     return FA3C_STATUS_OK;
 }

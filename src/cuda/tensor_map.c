@@ -8,17 +8,18 @@
 #include "backend.h"
 
 static PFN_cuTensorMapEncodeTiled_v12000 get_encoder(void) {
-    /* Looked up once; the pointer is the same for every thread. */
-    static PFN_cuTensorMapEncodeTiled_v12000 encode;
-    if (!encode) {
-        void *fn = NULL;
+    /* Looked up once, with relaxed atomics: racing threads store the same pointer. */
+    static void *encode;
+    void *fn = __atomic_load_n(&encode, __ATOMIC_RELAXED);
+    if (!fn) {
         enum cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
-                cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-            encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            fn = NULL;
+        __atomic_store_n(&encode, fn, __ATOMIC_RELAXED);
     }
-    return encode;
+    return (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
 /* TMA strides (bytes) of dims 1..3 (seqlen, heads, batch). A dim of extent 1
