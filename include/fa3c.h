@@ -157,6 +157,13 @@ FA3C_API const char *fa3c_last_error(void);
 /* "0.1.0" */
 FA3C_API const char *fa3c_version(void);
 
+/* The layout of a public struct as this library was built: with field NULL
+ * the size of struct `type` ("fa3c_tensor", "fa3c_problem",
+ * "fa3c_fwd_params", "fa3c_bwd_params"), else the byte offset of `field` in
+ * it; -1 for a name it does not know. For bindings that mirror the structs
+ * (python/fa3c checks every field and refuses a library that differs). */
+FA3C_API int64_t fa3c_struct_layout(const char *type, const char *field);
+
 /* 1 when the CUDA backend was compiled in and an sm_90 GPU is usable. */
 FA3C_API int fa3c_cuda_available(void);
 

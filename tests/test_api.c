@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L /* pthread barriers under -std=c11 */
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "harness.h"
@@ -307,6 +308,20 @@ TEST(empty_problems) {
     g.problem.dtype = FA3C_DTYPE_E4M3;
     BWD_FAIL(f, g, UNSUPPORTED, "E4M3 has no backward");
     fixture_free(&f);
+}
+
+/* The public structs' layout as the library reports it (for bindings). */
+TEST(struct_layout) {
+    CHECK(fa3c_struct_layout("fa3c_fwd_params", NULL) == (int64_t)sizeof(fa3c_fwd_params), "fwd size");
+    CHECK(fa3c_struct_layout("fa3c_bwd_params", NULL) == (int64_t)sizeof(fa3c_bwd_params), "bwd size");
+    CHECK(fa3c_struct_layout("fa3c_problem", NULL) == (int64_t)sizeof(fa3c_problem), "problem size");
+    CHECK(fa3c_struct_layout("fa3c_tensor", NULL) == (int64_t)sizeof(fa3c_tensor), "tensor size");
+    CHECK(fa3c_struct_layout("fa3c_fwd_params", "backend") == (int64_t)offsetof(fa3c_fwd_params, backend), "fwd");
+    CHECK(fa3c_struct_layout("fa3c_bwd_params", "dv") == (int64_t)offsetof(fa3c_bwd_params, dv), "bwd dv");
+    CHECK(fa3c_struct_layout("fa3c_problem", "num_pages") == (int64_t)offsetof(fa3c_problem, num_pages), "pages");
+    CHECK(fa3c_struct_layout("fa3c_problem", "nope") == -1, "unknown field");
+    CHECK(fa3c_struct_layout("fa3c_nope", NULL) == -1, "unknown struct");
+    CHECK(fa3c_struct_layout(NULL, NULL) == -1, "NULL type");
 }
 
 /* ---- head dimension ----------------------------------------------------------- */

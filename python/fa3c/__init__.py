@@ -26,7 +26,7 @@ from .interface import (backward, flash_attn_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_with_kvcache, forward,
                         prepare_backward, prepare_forward)
 
-__version__ = "0.1.0"
+from ._lib import PACKAGE_VERSION as __version__
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",

@@ -122,6 +122,43 @@ def _candidates():
     return found
 
 
+# The structs this module mirrors, by their C names (checked against the
+# library's own layout on load: check_abi).
+MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
+                    "fa3c_bwd_params": BwdParams}
+PACKAGE_VERSION = "0.1.0"   # fa3c.__version__: the library this package was written against
+
+
+def check_abi(lib, where="libfa3c"):
+    """Raise OSError unless the library's public structs have exactly the size
+    and field offsets of this module's mirrors (fa3c_struct_layout), naming the
+    first difference and both versions. A library without the query is too
+    old to check, and refused too."""
+    try:
+        layout = lib.fa3c_struct_layout
+    except AttributeError:
+        raise OSError("%s has no fa3c_struct_layout: it predates this fa3c package (%s); use a library "
+                      "built from the same sources" % (where, PACKAGE_VERSION)) from None
+    layout.restype = ctypes.c_int64
+    layout.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    for cname, mirror in MIRRORED_STRUCTS.items():
+        checks = [(None, ctypes.sizeof(mirror))]
+        checks += [(name, getattr(mirror, name).offset) for name, _ in mirror._fields_]
+        for field, want in checks:
+            got = layout(cname.encode(), field.encode() if field else None)
+            if got != want:
+                what = "%s.%s at offset" % (cname, field) if field else "sizeof(%s)" % cname
+                have = "has no such field" if got < 0 else "has %s %d" % (what, got)
+                try:
+                    version = lib.fa3c_version().decode()
+                except Exception:  # noqa: BLE001 - only for the message
+                    version = "?"
+                raise OSError("%s (version %s) does not match this fa3c package (version %s): the library %s, "
+                              "the package needs %s %d. Use the libfa3c built with this package (pip install "
+                              ".) or point FA3C_LIBRARY at a build of the same sources."
+                              % (where, version, PACKAGE_VERSION, have, what, want))
+
+
 def _declare(lib):
     fwd_p, bwd_p = ctypes.POINTER(FwdParams), ctypes.POINTER(BwdParams)
     sigs = {
@@ -163,6 +200,7 @@ def lib():
             try:
                 h = ctypes.CDLL(cand)
                 _declare(h)
+                check_abi(h, cand)
             except (OSError, AttributeError) as e:
                 errors.append("%s: %s" % (cand, e))
                 continue

@@ -1,0 +1,45 @@
+/* The public structs' layout as this library was built (fa3c_struct_layout),
+ * so that bindings that mirror them (python/fa3c/_lib.py) can refuse a
+ * library whose structs differ from theirs instead of reading them wrong. */
+#include <stddef.h>
+#include <string.h>
+
+#include "fa3c.h"
+
+typedef struct {
+    const char *type, *field;   /* field NULL: the struct's size */
+    size_t value;
+} layout_entry;
+
+#define SIZE(T) {#T, NULL, sizeof(T)}
+#define FIELD(T, f) {#T, #f, offsetof(T, f)}
+static const layout_entry layout[] = {
+    SIZE(fa3c_tensor), FIELD(fa3c_tensor, data), FIELD(fa3c_tensor, stride),
+    SIZE(fa3c_problem), FIELD(fa3c_problem, dtype), FIELD(fa3c_problem, batch), FIELD(fa3c_problem, seqlen_q),
+    FIELD(fa3c_problem, seqlen_k), FIELD(fa3c_problem, heads_q), FIELD(fa3c_problem, heads_kv),
+    FIELD(fa3c_problem, headdim), FIELD(fa3c_problem, softmax_scale), FIELD(fa3c_problem, causal),
+    FIELD(fa3c_problem, window_left), FIELD(fa3c_problem, window_right), FIELD(fa3c_problem, softcap),
+    FIELD(fa3c_problem, cu_seqlens_q), FIELD(fa3c_problem, cu_seqlens_k), FIELD(fa3c_problem, seqused_k),
+    FIELD(fa3c_problem, page_table), FIELD(fa3c_problem, page_table_stride), FIELD(fa3c_problem, page_size),
+    FIELD(fa3c_problem, num_pages),
+    SIZE(fa3c_fwd_params), FIELD(fa3c_fwd_params, problem), FIELD(fa3c_fwd_params, q), FIELD(fa3c_fwd_params, k),
+    FIELD(fa3c_fwd_params, v), FIELD(fa3c_fwd_params, out), FIELD(fa3c_fwd_params, lse),
+    FIELD(fa3c_fwd_params, q_descale), FIELD(fa3c_fwd_params, k_descale), FIELD(fa3c_fwd_params, v_descale),
+    FIELD(fa3c_fwd_params, num_splits), FIELD(fa3c_fwd_params, backend),
+    SIZE(fa3c_bwd_params), FIELD(fa3c_bwd_params, problem), FIELD(fa3c_bwd_params, q), FIELD(fa3c_bwd_params, k),
+    FIELD(fa3c_bwd_params, v), FIELD(fa3c_bwd_params, out), FIELD(fa3c_bwd_params, dout),
+    FIELD(fa3c_bwd_params, lse), FIELD(fa3c_bwd_params, dq), FIELD(fa3c_bwd_params, dk), FIELD(fa3c_bwd_params, dv),
+    FIELD(fa3c_bwd_params, deterministic), FIELD(fa3c_bwd_params, backend),
+};
+#undef SIZE
+#undef FIELD
+
+int64_t fa3c_struct_layout(const char *type, const char *field) {
+    if (!type) return -1;
+    for (size_t i = 0; i < sizeof layout / sizeof layout[0]; i++) {
+        const layout_entry *e = &layout[i];
+        if (strcmp(e->type, type) != 0) continue;
+        if (field ? e->field && strcmp(e->field, field) == 0 : !e->field) return (int64_t)e->value;
+    }
+    return -1;
+}
