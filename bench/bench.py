@@ -187,7 +187,7 @@ def _sdpa_setup(backend_name):
         q, k, v = (inp[n] for n in "qkv")
         if inp.get("deq") is not None:  # fp8 shape: the peers run bf16 on the dequantized values
             q, k, v = inp["deq"]
-        # (b, h, s, d) contiguous, as the peers were measured (../shared/peers/measure_peers.py)
+        # (b, h, s, d) contiguous, as the peers of PEERS.md were measured
         qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
         if sh["bwd"]:
             qh, kh, vh = (_leaf(x) for x in (qh, kh, vh))
@@ -447,9 +447,9 @@ def run_shape(sh, impls, timer, log, deadline):
 # ---- reporting -----------------------------------------------------------------------------
 
 def load_targets(peers_dir):
-    """{(dir, hdim, causal, seqlen): official FA3's ratio to cuDNN} from the stored peer runs
-    (shared/peers/*fa3-official*.json), for shared/docs/TARGETS.md's bar: fa3c/cuDNN >= max(1, FA3's
-    ratio) forward and >= FA3's ratio backward. Empty when the files are not there."""
+    """{(dir, hdim, causal, seqlen): official FA3's ratio to cuDNN} from stored runs of the official
+    FA3 (--peers DIR: its JSON files, the runs bench/PEERS.md tabulates), for PEERS.md's bar:
+    fa3c/cuDNN >= max(1, FA3's ratio) forward and >= FA3's ratio backward. Empty without them."""
     out = {}
     if not peers_dir:
         return out
@@ -531,7 +531,7 @@ def markdown(results, impls, targets=None):
                 if fa3_ratio is None:
                     tail = " - | - |"
                 else:
-                    # shared/docs/TARGETS.md: forward >= max(1, FA3's ratio), backward >= FA3's ratio
+                    # PEERS.md's targets: forward >= max(1, FA3's ratio), backward >= FA3's ratio
                     tgt = max(1.0, fa3_ratio) if direction == "fwd" else fa3_ratio
                     ok = bool(f and base and f["status"] == "ok" and base["status"] == "ok"
                               and f[metric] / base[metric] >= tgt)
@@ -546,7 +546,7 @@ def markdown(results, impls, targets=None):
             lines.append("")
             lines.append("fa3c / cuDNN: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
                          % (gm, min(ratios), max(ratios), len(ratios),
-                            "; TARGETS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
+                            "; PEERS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
     bad = [r for r in results["rows"] if r["status"] in ("FAILED", "error")]
     if bad:
         lines += ["", "### Problems", ""]
@@ -625,10 +625,8 @@ def main():
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--fa3-path", default=os.environ.get("FA3_PATH"),
                     help="folder to put on sys.path for the official flash_attn_interface")
-    ap.add_argument("--peers", default=next((d for d in (os.path.join(REPO, "shared", "peers"),
-                                                          os.path.join(REPO, "..", "shared", "peers"))
-                                              if os.path.isdir(d)), None),
-                    help="folder with the stored official-FA3 runs (target columns); default shared/peers")
+    ap.add_argument("--peers", default=None,
+                    help="folder with stored official-FA3 runs (JSON), for the target columns (bench/PEERS.md)")
     ap.add_argument("--budget", type=float, default=540.0,
                     help="seconds; shapes after this are recorded as skipped (default 540: one 10-minute device call)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),

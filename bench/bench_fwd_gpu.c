@@ -16,7 +16,7 @@
  * the cost of pages, small ones (1, 16) in particular, against the contiguous cache. The CSV's
  * last column, page, is the page size (0: none).
  * --backward: fa3c_bwd instead, on the same grid (bf16; TFLOPS count 2.5x the forward's FLOPs,
- * as TARGETS.md does); needs a build whose CUDA backward is on (-DFA3C_CUDA_BWD=ON).
+ * as PEERS.md does); needs a build whose CUDA backward is on (-DFA3C_CUDA_BWD=ON).
  * --fp8: the e4m3 forward instead (hdim 128 and 256, non-causal and causal; descales 1); needs
  * -DFA3C_CUDA_FP8=ON. Both say what the build refused, shape by shape, when it is off. */
 #include <cuda_runtime_api.h>

@@ -112,7 +112,7 @@ if [ "${SEQUSED_BENCH:-1}" = 1 ]; then
   done
 fi
 if [ -f bench/bench.py ] && [ "${SKIP_PEERS:-0}" != 1 ]; then
-  # .peers/: the stored peer runs (shared/peers), carried in by the caller when wanted.
+  # .peers/: stored official-FA3 runs (JSON, for bench.py's target columns), carried in by the caller when wanted.
   FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout $(( ${BENCH_BUDGET:-300} + 120 )) \
     python3 bench/bench.py $([ "$MODE" = quick ] && echo --quick) --budget "${BENCH_BUDGET:-300}" \
     $([ -d .peers ] && echo --peers .peers) ${BENCH_ARGS:-} --out "$OUT" >"$OUT/bench_py.log" 2>&1

@@ -36,7 +36,7 @@ if [ "${DECODE:-1}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
   echo "== decode bench rc=$?"
 fi
 if [ "${GRID:-0}" = 1 ] && [ -f build-gpu/libfa3c.so ]; then
-  # The full TARGETS.md grid against the peers (forward, bf16), in one process.
+  # The full bench/PEERS.md grid against the peers (forward, bf16), in one process.
   FA3C_LIBRARY=$PWD/build-gpu/libfa3c.so PYTHONPATH=$PWD/python timeout 260 python3 bench/bench.py --flex none \
     --no-bwd --no-fp8 --impls fa3c,cudnn,fa2 $([ -d .peers ] && echo --peers .peers) --budget 200 \
     --out "$OUT/grid" >"$OUT/grid_bench.log" 2>&1
