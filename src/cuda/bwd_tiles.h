@@ -26,10 +26,10 @@
 #ifndef FA3C_BWD_TILES_H
 #define FA3C_BWD_TILES_H
 
-/* hdim 64's query block: 128 rows (run 94, H100: +24-34% over 64 rows), or
- * 64 as before (-DFA3C_BWD_HDIM64_BLOCK_M=64, for A/Bs), whose warpgroups
- * split dQ by keys (each adds all 64 columns over its own 64 keys, twice the
- * atomics). */
+/* hdim 64's query block: 128 rows (faster than 64 at every length:
+ * docs/KNOBS.md), or 64 as before (-DFA3C_BWD_HDIM64_BLOCK_M=64, for A/Bs),
+ * whose warpgroups split dQ by keys (each adds all 64 columns over its own
+ * 64 keys, twice the atomics). */
 #ifndef FA3C_BWD_HDIM64_BLOCK_M
 #define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
@@ -53,14 +53,14 @@
  * producer warpgroup adds the block with one bulk reduction
  * (cp.reduce.async.bulk), FA3's dQ path; not with deterministic = 1 (the
  * consumers' in-turn reductions) or hdim 64's 64-row blocks (both
- * warpgroups add to the same elements). On since run 94 (H100: +15-20% at
- * 2k-8k); 0 builds the consumers' own reductions. */
+ * warpgroups add to the same elements). On: faster at both head dims, most
+ * from 2k (docs/KNOBS.md); 0 builds the consumers' own reductions. */
 #ifndef FA3C_BWD_DQ_WRITER
 #define FA3C_BWD_DQ_WRITER 1
 #endif
 
-/* hdim 96 on hdim 128's kernel (on since its GPU tests passed, run 94;
- * 0 makes it NOT_SUPPORTED). */
+/* hdim 96 on hdim 128's kernel (on since its GPU tests passed,
+ * docs/KNOBS.md; 0 makes it NOT_SUPPORTED). */
 #ifndef FA3C_BWD_HDIM96
 #define FA3C_BWD_HDIM96 1
 #endif

@@ -17,9 +17,8 @@ extern "C" {
 #define FA3C_FP8_BLOCK_N 128
 /* 1: the consumers overlap softmax(n) with their own P·V(n-1) and take
  * turns issuing their GEMMs (pingpong; fwd_fp8_sm90.cuh). 0: each GEMM is
- * waited for in turn, the first form. Measured on an H100 (run 92): 1 is
- * 1-7% faster on every shape of bench_fwd_gpu --fp8 --quick, and passes
- * the same tests. */
+ * waited for in turn, the first form. 1 is faster on every quick shape and
+ * passes the same tests (docs/KNOBS.md). */
 #ifndef FA3C_FP8_OVERLAP
 #define FA3C_FP8_OVERLAP 1
 #endif

@@ -13,14 +13,10 @@
  *   hdim 256: N  80, 2 stages:  64 + 2*80 = 224 KB, O staged in the V ring
  *             (the accumulator of 64x256 already takes 128 registers per
  *             thread; N 80 keeps S small)
- * Measured on the H200 (bench/RESULTS.md): N 80 beat N 64 for hdim 256 by 6%
- * at 8k (again in run 28: N 64 +6% only at causal 512, 2-6% slower from
- * 2k); N 176 for hdim 128 won 3.5% non-causal at 8k but lost at 512 and
- * causal, and with the TMA-store epilogue (no smem left for it at N 176) it
- * lost at 2k and tied at 8k (run 19; and in run 62, with N 144-192: 1-5%
- * slower up to 4k, within 1% at 8k-16k); N 192 for hdim 64 lost like N 176 did:
- * both kept at 128. 2 consumers (128 rows) for hdim 64: +6% causal at 512,
- * 1-13% slower elsewhere (run 19); in run 68 slower everywhere. */
+ * Measured on the H200: N 80 beats N 64 for hdim 256 from 2k; wider key
+ * blocks for hdim 128 (144-192) and hdim 64 (192), and 2 consumers for
+ * hdim 64, lost or tied: both keep 128 keys, hdim 64 its 3 consumers
+ * (docs/KNOBS.md). */
 #ifndef FA3C_FWD_TILES_H
 #define FA3C_FWD_TILES_H
 
@@ -66,8 +62,6 @@
 #ifndef FA3C_FWD_STAGES_256
 #define FA3C_FWD_STAGES_256 2
 #endif
-/* 1: persistent CTAs (one per SM) walk the tiles, longest first, and load
- * the next tile while finishing the current one; 0: one CTA per tile. */
 /* 1: the consumer warpgroups take turns issuing GEMMs (pingpong); 0: off (ablation). */
 #ifndef FA3C_FWD_PINGPONG
 #define FA3C_FWD_PINGPONG 1
@@ -75,9 +69,8 @@
 /* T > 0: lazy rescaling (softmax.cuh): a warp's rows keep their running max
  * until one grows by more than 2^T, and the O multiplies (and the row
  * maxima's shuffles) are skipped by a warp-uniform branch while none does;
- * 0: the max moves every block. Measured on the H200 (bench/RESULTS.md,
- * runs 63 and 66): +0.5-3% on 17 of 18 quick shapes, most at hdim 128 and
- * 256 from 2k, where the O multiplies sat after the P·V wait. */
+ * 0: the max moves every block. A small gain, most at hdim 128 and 256,
+ * where the O multiplies sat after the P·V wait (docs/KNOBS.md). */
 #ifndef FA3C_FWD_LAZY_RESCALE
 #define FA3C_FWD_LAZY_RESCALE 8
 #endif
@@ -92,11 +85,12 @@
  * shift by a power of 2, or, where a probability overflowed, the warp
  * computes its scores again (mma.sync) and takes the max after all.
  * Needs T = FA3C_FWD_LAZY_RESCALE > 0. 0: the row max every block.
- * Measured on the H200 (bench/RESULTS.md, run 71): hdim 64 +2-6%, hdim 128
- * +2-4% from 2k (even at 512), hdim 256 even. */
+ * Faster at hdim 64-128, even at 256 (docs/KNOBS.md). */
 #ifndef FA3C_FWD_STALE_MAX
 #define FA3C_FWD_STALE_MAX 1
 #endif
+/* 1: persistent CTAs (one per SM) walk the tiles, longest first, and load
+ * the next tile while finishing the current one; 0: one CTA per tile. */
 #ifndef FA3C_FWD_PERSISTENT
 #define FA3C_FWD_PERSISTENT 1
 #endif
@@ -104,12 +98,10 @@
  * front of the wait for P·V(j-1) (ptxas otherwise moves that wait above it,
  * fwd_consumer.cuh, pin_softmax), and O is rescaled after that wait, to block j's
  * max, instead of in the GEMM-issue stretch; 0: the order ptxas picks, with
- * the rescale between Q·Kᵀ(j) and P·V(j-1). Measured on the H200
- * (bench/RESULTS.md, run 21): hdim 192 +1-2% and hdim 256 +1-5% from 2k;
- * hdim 128 even then, and +0-4% once Q·Kᵀ took Q from registers (run 40),
- * but 0.6-2.7% slower on 18 of 20 shapes once the stale row max had
- * shortened the softmax (run 72; hdim 256 even); hdim 64 1-2% slower (and
- * 0.5-1% again in run 72). A -D value applies to every head dim. */
+ * the rescale between Q·Kᵀ(j) and P·V(j-1). On for hdim 192 and 256, where
+ * it is faster; off for hdim 64, where it is slower, and for hdim 128 since
+ * the stale row max shortened the softmax (docs/KNOBS.md). A -D value
+ * applies to every head dim. */
 #ifdef FA3C_FWD_SOFTMAX_UNDER_PV
 #define FA3C_FWD_SOFTMAX_UNDER_PV_D(D) FA3C_FWD_SOFTMAX_UNDER_PV
 #else
@@ -123,8 +115,8 @@
 #endif
 /* 1: where the smem has no room for a separate O staging buffer (hdim 192,
  * 256), stage O in the V ring for the TMA store (fwd_smem.cuh, O_STAGE_IN_V;
- * run 22: +4-7% at 512, +1-2% at 8k); 0: those head dims store O from
- * registers. */
+ * faster at every length, most at 512: docs/KNOBS.md); 0: those head dims
+ * store O from registers. */
 #ifndef FA3C_FWD_O_IN_V
 #define FA3C_FWD_O_IN_V 1
 #endif
@@ -133,9 +125,8 @@
  * waits only for that slot to be read, the first to finish taking the slot
  * the others released first; 0, consumer c stages at c * 64 rows from the
  * ring's start, across slots, and waits for every slot, so warpgroup 0 waits
- * for warpgroup 1's last P·V (fwd_smem.cuh, o_staging_ring_index). Measured
- * on the H200 (bench/RESULTS.md, run 49): hdim 192 causal +4% at 512 and +2%
- * at 2k, hdim 256 +2% at causal 512 and non-causal 2k, the rest even. */
+ * for warpgroup 1's last P·V (fwd_smem.cuh, o_staging_ring_index). Even or
+ * faster, most at short causal calls (docs/KNOBS.md). */
 #ifndef FA3C_FWD_O_IN_V_SLOT
 #define FA3C_FWD_O_IN_V_SLOT 1
 #endif
@@ -145,35 +136,34 @@
  * (wgmma_rsk), so Q is read from smem once per tile instead of once per key
  * block (a fifth of the loop's smem reads), and its smem is released at once,
  * so the next tile's Q loads during this one. Costs D / 4 registers. 0: Q·Kᵀ
- * from smem. Measured +0.2-5% on hdim 128, most at seqlen 512
- * (bench/RESULTS.md run 23). */
+ * from smem. Faster on hdim 128, most at 512 (docs/KNOBS.md). */
 #ifndef FA3C_FWD_Q_IN_REGS
 #define FA3C_FWD_Q_IN_REGS 1
 #endif
 /* 1: with Q in registers (FA3C_FWD_Q_IN_REGS), whose smem is free from a
  * tile's start, the producer loads the next tile's Q during this tile, after
  * the first key block at which the Q buffer is free (never waiting for it
- * there), instead of at the next tile's start. ncu at hdim 128 512 (run 75):
- * the consumers' waits for the next tile's Q and first K were 4.4% of the
- * warp samples. 0: at the next tile's start. */
+ * there), instead of at the next tile's start: at short lengths the
+ * consumers waited for the next tile's Q and first K (docs/KNOBS.md).
+ * 0: at the next tile's start. */
 #ifndef FA3C_FWD_EARLY_Q
 #define FA3C_FWD_EARLY_Q 1
 #endif
 /* 2: clusters of two CTAs share their K and V loads (TMA multicast): the
  * two take neighbouring row blocks of one (batch, head), and each loads
  * half of every K and V tile into both CTAs' smem, so the pair reads K and V
- * from the L2 once instead of twice (fwd_producer.cuh, load_kv_tile; ncu put
- * hdim 256 non-causal 512 near the L2's bandwidth, run 43). Used where the
+ * from the L2 once instead of twice (fwd_producer.cuh, load_kv_tile; hdim 256
+ * non-causal 512 ran near the L2's bandwidth). Used where the
  * row blocks pair up and walk the same key blocks: no mask or window, no
  * split-KV, an even number of row blocks (fwd_plan.c). 1: no clusters, and
  * the code compiled out; the default is 1 except in the main hdim-256
- * instances (FA3C_FWD_CLUSTER_256 below). Measured in run 81. */
+ * instances (FA3C_FWD_CLUSTER_256 below). */
 /* FA3C_FWD_CLUSTER_256 = 2 (default): the main hdim-256 instances (80-key
  * blocks; tools/gen_instances.py marks their translation units with
  * FA3C_FWD_CLUSTERED_INSTANCE) are built with clusters of two, the others
- * without: run 81 measured +5.2% for hdim 256 without a mask at 512 and
- * +1.5% at 2k (-0.7% at 8k, causal -0.5 to -1%), while the cluster code cost
- * hdim 64 and 128 1-5% everywhere. 1: no instance clustered. */
+ * without: clusters gain for hdim 256 without a mask up to 2k, and the
+ * cluster code costs hdim 64 and 128 1-5% everywhere (docs/KNOBS.md).
+ * 1: no instance clustered. */
 #ifndef FA3C_FWD_CLUSTER_256
 #define FA3C_FWD_CLUSTER_256 2
 #endif
@@ -193,7 +183,7 @@
  * as in any tile (warpgroup_part): under a causal mask rank 0 skips the
  * diagonal blocks only rank 1 needs (one at hdim 128; 2-3 with 64-key
  * blocks at hdim 256), waiting for them. 0 (default): clusters only without
- * a mask or window. Not yet measured on a GPU. */
+ * a mask or window; masked pairs lost at causal 512 (docs/KNOBS.md). */
 #ifndef FA3C_FWD_CLUSTER_MASKED
 #define FA3C_FWD_CLUSTER_MASKED 0
 #endif
@@ -203,10 +193,9 @@
  * by the CTA that finishes second. Used when it saves each CTA at least
  * FA3C_FWD_TAIL_MIN_GAIN key blocks, on tiles of FA3C_FWD_TAIL_MIN_BLOCKS
  * key blocks or more, without a mask shape (causal, window) or split-KV.
- * 0 (default): every tile whole, and the tail's code compiled out. Measured
- * on the H200 (bench/RESULTS.md, run 33): no gain where it applies (-2% to
- * +2% against the whole-tile order), and its code in the kernel cost hdim 64
- * 2-4% even on shapes without a tail; off until both are understood. */
+ * 0 (default): every tile whole, and the tail's code compiled out. No gain
+ * where it applies, and its code costs hdim 64 2-4% even without a tail
+ * (docs/KNOBS.md): off until both are understood. */
 #ifndef FA3C_FWD_STREAM_K
 #define FA3C_FWD_STREAM_K 0
 #endif
@@ -223,10 +212,9 @@
 /* 1: under a causal mask (a right bound) the partial row block's idle
  * warpgroups go to the top (fwd_params.h, m_shift), so the tile with the
  * most keys has all its warpgroups computing; 0: at the bottom, and the
- * shift's code compiled out (ablation). Measured on the H200
- * (bench/RESULTS.md, runs 35-38): hdim 64 causal +5% at 512 and 1k, +3% at
- * 2k and 4k (192-row tiles: every grid length leaves a partial one); no
- * change without a mask, once the check costs one compare per tile. */
+ * shift's code compiled out (ablation). Faster for hdim 64 causal (192-row
+ * tiles: every grid length leaves a partial one), no change without a mask,
+ * where the check costs one compare per tile (docs/KNOBS.md). */
 #ifndef FA3C_FWD_CAUSAL_SHIFT
 #define FA3C_FWD_CAUSAL_SHIFT 1
 #endif
@@ -234,9 +222,8 @@
 /* hdim 256 under a causal mask (a right bound) with seqlen_k <= this: key
  * blocks of 64 (instances *_hdim256_n64, backend.c), where the 80-key
  * blocks leave the last block of short rows partly empty (512 keys are 6.4
- * blocks of 80). Runs 35-37, causal, 64 vs 80 keys: +6-7% at 512, +3% at
- * 768, +2-3% at 1k, +1% at 1536 (within the spread), even at 2k, -3% at 8k;
- * without a mask 64 keys lose from 768 on. 0: never. */
+ * blocks of 80). 64 keys win under a causal mask up to 1k keys, tie or lose
+ * beyond, and lose without a mask (docs/KNOBS.md). 0: never. */
 #ifndef FA3C_FWD_SHORT_CAUSAL_KEYS_256
 #define FA3C_FWD_SHORT_CAUSAL_KEYS_256 1024
 #endif
@@ -245,8 +232,8 @@
  * (the GPU tests fail with them). 1: no softmax at all (P = S, O never
  * rescaled), so the loop is the GEMMs, the barriers and the conversion to
  * 16 bits; 2: the softmax without its exponentials (max, scale, sum kept).
- * They say how much of the loop's time the softmax costs (bench/RESULTS.md,
- * run 43). 0 (default): the real kernel. */
+ * They say how much of the loop's time the softmax costs (docs/KNOBS.md).
+ * 0 (default): the real kernel. */
 #ifndef FA3C_FWD_ABLATE_SOFTMAX
 #define FA3C_FWD_ABLATE_SOFTMAX 0
 #endif
@@ -285,8 +272,8 @@
  * copied with cp.async instead (fwd_params.h, k_data; fwd_producer.cuh,
  * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
  * compiled out. Off: its first version was correct on the GPU but no faster
- * than one-row TMA boxes (run 88); the pipelined one (spill-free compiled in)
- * has not run yet. Test with
+ * than one-row TMA boxes; the pipelined one (spill-free compiled in) has not
+ * run yet (docs/KNOBS.md). Test with
  * EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8 tools/gpu_check.sh. */
 #ifndef FA3C_FWD_PAGED_COPY_BELOW
 #define FA3C_FWD_PAGED_COPY_BELOW 0
