@@ -25,83 +25,22 @@ typedef struct {
     /* 1: for calls whose sequences have their own lengths (seqused_k,
      * cu_seqlens) or a paged KV cache, and only for those (fwd_sm90.cuh, VARLEN). */
     int varlen;
+    int short_causal;   /* 1: never a head dim's main instance (used only as above) */
     fa3c_fwd_launcher launch;
     const int *cluster;   /* the most CTAs per cluster it was built for (fwd_launch.cuh) */
 } fwd_instance;
 
-/* The instances this build compiled (FA3C_INST_<name> from sources.cmake). */
-#define FA3C_TABLE_ROW(name, dt, hd, bn, short_keys) \
-    {dt, hd, bn, short_keys, 0, fa3c_fwd_sm90_##name, &fa3c_fwd_sm90_##name##_cluster},
-#define FA3C_VARLEN_ROW(name, dt, hd) \
-    {dt, hd, FA3C_FWD_BLOCK_N(hd), 0, 1, fa3c_fwd_sm90_##name, &fa3c_fwd_sm90_##name##_cluster},
+/* The instances this build compiled (built_instances.h, from sources.cmake).
+ * A short-causal instance is used for calls with seqlen_k up to
+ * FA3C_FWD_SHORT_CAUSAL_KEYS_256 (0: never). */
+#define FA3C_TABLE_ROW(name, dt, hd, bn, role)                                                              \
+    {dt, hd, bn, (role) == FA3C_FWD_ROLE_SHORT_CAUSAL ? FA3C_FWD_SHORT_CAUSAL_KEYS_256 : 0,                  \
+     (role) == FA3C_FWD_ROLE_VARLEN, (role) == FA3C_FWD_ROLE_SHORT_CAUSAL, fa3c_fwd_sm90_##name,             \
+     &fa3c_fwd_sm90_##name##_cluster},
 static const fwd_instance fwd_instances[] = {
-#ifdef FA3C_INST_bf16_hdim64
-    FA3C_TABLE_ROW(bf16_hdim64, FA3C_DTYPE_BF16, 64, FA3C_FWD_BLOCK_N(64), 0)
-#endif
-#ifdef FA3C_INST_bf16_hdim96
-    FA3C_TABLE_ROW(bf16_hdim96, FA3C_DTYPE_BF16, 96, FA3C_FWD_BLOCK_N(96), 0)
-#endif
-#ifdef FA3C_INST_bf16_hdim128
-    FA3C_TABLE_ROW(bf16_hdim128, FA3C_DTYPE_BF16, 128, FA3C_FWD_BLOCK_N(128), 0)
-#endif
-#ifdef FA3C_INST_bf16_hdim192
-    FA3C_TABLE_ROW(bf16_hdim192, FA3C_DTYPE_BF16, 192, FA3C_FWD_BLOCK_N(192), 0)
-#endif
-#ifdef FA3C_INST_bf16_hdim256
-    FA3C_TABLE_ROW(bf16_hdim256, FA3C_DTYPE_BF16, 256, FA3C_FWD_BLOCK_N(256), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim64
-    FA3C_TABLE_ROW(fp16_hdim64, FA3C_DTYPE_FP16, 64, FA3C_FWD_BLOCK_N(64), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim96
-    FA3C_TABLE_ROW(fp16_hdim96, FA3C_DTYPE_FP16, 96, FA3C_FWD_BLOCK_N(96), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim128
-    FA3C_TABLE_ROW(fp16_hdim128, FA3C_DTYPE_FP16, 128, FA3C_FWD_BLOCK_N(128), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim192
-    FA3C_TABLE_ROW(fp16_hdim192, FA3C_DTYPE_FP16, 192, FA3C_FWD_BLOCK_N(192), 0)
-#endif
-#ifdef FA3C_INST_fp16_hdim256
-    FA3C_TABLE_ROW(fp16_hdim256, FA3C_DTYPE_FP16, 256, FA3C_FWD_BLOCK_N(256), 0)
-#endif
-#if defined(FA3C_INST_bf16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
-    FA3C_TABLE_ROW(bf16_hdim256_n64, FA3C_DTYPE_BF16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
-#endif
-#if defined(FA3C_INST_fp16_hdim256_n64) && FA3C_FWD_SHORT_CAUSAL_KEYS_256 > 0
-    FA3C_TABLE_ROW(fp16_hdim256_n64, FA3C_DTYPE_FP16, 256, 64, FA3C_FWD_SHORT_CAUSAL_KEYS_256)
-#endif
-#ifdef FA3C_INST_bf16_hdim64_varlen
-    FA3C_VARLEN_ROW(bf16_hdim64_varlen, FA3C_DTYPE_BF16, 64)
-#endif
-#ifdef FA3C_INST_bf16_hdim96_varlen
-    FA3C_VARLEN_ROW(bf16_hdim96_varlen, FA3C_DTYPE_BF16, 96)
-#endif
-#ifdef FA3C_INST_bf16_hdim128_varlen
-    FA3C_VARLEN_ROW(bf16_hdim128_varlen, FA3C_DTYPE_BF16, 128)
-#endif
-#ifdef FA3C_INST_bf16_hdim192_varlen
-    FA3C_VARLEN_ROW(bf16_hdim192_varlen, FA3C_DTYPE_BF16, 192)
-#endif
-#ifdef FA3C_INST_bf16_hdim256_varlen
-    FA3C_VARLEN_ROW(bf16_hdim256_varlen, FA3C_DTYPE_BF16, 256)
-#endif
-#ifdef FA3C_INST_fp16_hdim64_varlen
-    FA3C_VARLEN_ROW(fp16_hdim64_varlen, FA3C_DTYPE_FP16, 64)
-#endif
-#ifdef FA3C_INST_fp16_hdim96_varlen
-    FA3C_VARLEN_ROW(fp16_hdim96_varlen, FA3C_DTYPE_FP16, 96)
-#endif
-#ifdef FA3C_INST_fp16_hdim128_varlen
-    FA3C_VARLEN_ROW(fp16_hdim128_varlen, FA3C_DTYPE_FP16, 128)
-#endif
-#ifdef FA3C_INST_fp16_hdim192_varlen
-    FA3C_VARLEN_ROW(fp16_hdim192_varlen, FA3C_DTYPE_FP16, 192)
-#endif
-#ifdef FA3C_INST_fp16_hdim256_varlen
-    FA3C_VARLEN_ROW(fp16_hdim256_varlen, FA3C_DTYPE_FP16, 256)
-#endif
-    {FA3C_DTYPE_FP32, 0, 0, 0, 0, NULL, NULL}};
+    FA3C_BUILT_FWD_INSTANCES(FA3C_TABLE_ROW)
+#undef FA3C_TABLE_ROW
+    {FA3C_DTYPE_FP32, 0, 0, 0, 0, 0, NULL, NULL}};
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
@@ -126,7 +65,7 @@ static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
         if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
-        if (in->short_causal_keys == 0 && !found) found = in;
+        if (!in->short_causal && !found) found = in;
         if (in->short_causal_keys > 0 && right_bound && pr->seqlen_k <= in->short_causal_keys) return in;
     }
     return found;

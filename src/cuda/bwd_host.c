@@ -11,6 +11,7 @@
 #include "backend.h"
 #include "bwd_prep.h"
 #include "bwd_tiles.h"
+#include "built_instances.h"
 #include "problem.h"
 #include "tensor_map.h"
 
@@ -24,32 +25,15 @@ typedef struct {
     fa3c_bwd_launcher launch;
 } bwd_instance;
 
-/* The instances this build compiled (FA3C_BWD_INST_<name> from sources.cmake). */
+/* The instances this build compiled (built_instances.h, from sources.cmake). */
+#define FA3C_DECLARE_BWD(name, dtype, hdim) \
+    fa3c_status fa3c_bwd_sm90_##name(const fa3c_bwd_kernel_params *p, void *stream);
+FA3C_BUILT_BWD_INSTANCES(FA3C_DECLARE_BWD)
+#undef FA3C_DECLARE_BWD
+#define FA3C_BWD_ROW(name, dtype, hdim) {dtype, hdim, fa3c_bwd_sm90_##name},
 static const bwd_instance bwd_instances[] = {
-#ifdef FA3C_BWD_INST_bf16_hdim64
-    {FA3C_DTYPE_BF16, 64, fa3c_bwd_sm90_bf16_hdim64},
-#endif
-#ifdef FA3C_BWD_INST_bf16_hdim128
-    {FA3C_DTYPE_BF16, 128, fa3c_bwd_sm90_bf16_hdim128},
-#endif
-#ifdef FA3C_BWD_INST_bf16_hdim192
-    {FA3C_DTYPE_BF16, 192, fa3c_bwd_sm90_bf16_hdim192},
-#endif
-#ifdef FA3C_BWD_INST_bf16_hdim256
-    {FA3C_DTYPE_BF16, 256, fa3c_bwd_sm90_bf16_hdim256},
-#endif
-#ifdef FA3C_BWD_INST_fp16_hdim64
-    {FA3C_DTYPE_FP16, 64, fa3c_bwd_sm90_fp16_hdim64},
-#endif
-#ifdef FA3C_BWD_INST_fp16_hdim128
-    {FA3C_DTYPE_FP16, 128, fa3c_bwd_sm90_fp16_hdim128},
-#endif
-#ifdef FA3C_BWD_INST_fp16_hdim192
-    {FA3C_DTYPE_FP16, 192, fa3c_bwd_sm90_fp16_hdim192},
-#endif
-#ifdef FA3C_BWD_INST_fp16_hdim256
-    {FA3C_DTYPE_FP16, 256, fa3c_bwd_sm90_fp16_hdim256},
-#endif
+    FA3C_BUILT_BWD_INSTANCES(FA3C_BWD_ROW)
+#undef FA3C_BWD_ROW
     {FA3C_DTYPE_FP32, 0, NULL}};
 
 static const bwd_instance *find_bwd(const fa3c_problem *pr) {

@@ -1,5 +1,6 @@
-// Launch of one backward instance; each src/cuda/inst/bwd_*.cu file expands
-// FA3C_BWD_INSTANCE once, so every kernel is its own translation unit.
+// Launch of one backward instance; each instance file that sources.cmake
+// writes expands FA3C_BWD_INSTANCE once, so every kernel is its own
+// translation unit.
 #pragma once
 #include <cuda_runtime.h>
 #include "bwd_sm90.cuh"

@@ -18,21 +18,9 @@ fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream)
 /* After: dq = softmax_scale · dq_accum, in the input dtype. */
 fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream);
 
-/* The backward kernel instances (src/cuda/inst/bwd_*.cu). */
+/* A backward kernel instance's launcher (bwd_launch.cuh; bwd_host.c has the
+ * table of those built). */
 typedef fa3c_status (*fa3c_bwd_launcher)(const fa3c_bwd_kernel_params *p, void *stream);
-#define FA3C_BWD_INSTANCE_LIST(X) \
-    X(bf16_hdim64, FA3C_DTYPE_BF16, 64) \
-    X(bf16_hdim128, FA3C_DTYPE_BF16, 128) \
-    X(bf16_hdim192, FA3C_DTYPE_BF16, 192) \
-    X(bf16_hdim256, FA3C_DTYPE_BF16, 256) \
-    X(fp16_hdim64, FA3C_DTYPE_FP16, 64) \
-    X(fp16_hdim128, FA3C_DTYPE_FP16, 128) \
-    X(fp16_hdim192, FA3C_DTYPE_FP16, 192) \
-    X(fp16_hdim256, FA3C_DTYPE_FP16, 256)
-#define FA3C_DECLARE_BWD(name, dtype, hdim) \
-    fa3c_status fa3c_bwd_sm90_##name(const fa3c_bwd_kernel_params *p, void *stream);
-FA3C_BWD_INSTANCE_LIST(FA3C_DECLARE_BWD)
-#undef FA3C_DECLARE_BWD
 
 #ifdef __cplusplus
 }

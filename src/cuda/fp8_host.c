@@ -10,19 +10,24 @@
 #include "backend.h"
 #include "fp8_host.h"
 #include "fp8_prep.h"
+#include "built_instances.h"
 #include "tensor_map.h"
 
 #ifndef FA3C_CUDA_FP8
 #define FA3C_CUDA_FP8 0
 #endif
 
+/* The instances this build compiled (built_instances.h, from sources.cmake). */
+#define FA3C_DECLARE_FP8(name, hdim) \
+    fa3c_status fa3c_fwd_sm90_##name(const fa3c_fp8_kernel_params *p, void *stream);
+FA3C_BUILT_FP8_INSTANCES(FA3C_DECLARE_FP8)
+#undef FA3C_DECLARE_FP8
+
 static fa3c_fp8_launcher find_fp8(int headdim) {
-#ifdef FA3C_FP8_INST_e4m3_hdim128
-    if (headdim == 128) return fa3c_fwd_sm90_e4m3_hdim128;
-#endif
-#ifdef FA3C_FP8_INST_e4m3_hdim256
-    if (headdim == 256) return fa3c_fwd_sm90_e4m3_hdim256;
-#endif
+#define FA3C_FP8_CASE(name, hdim) \
+    if (headdim == hdim) return fa3c_fwd_sm90_##name;
+    FA3C_BUILT_FP8_INSTANCES(FA3C_FP8_CASE)
+#undef FA3C_FP8_CASE
     (void)headdim;
     return NULL;
 }

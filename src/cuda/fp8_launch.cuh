@@ -1,4 +1,4 @@
-// Launch of one fp8 forward instance (src/cuda/inst/fwd_e4m3_hdim*.cu).
+// Launch of one fp8 forward instance (an instance file sources.cmake writes).
 #pragma once
 #include <cuda_runtime.h>
 #include "fwd_fp8_sm90.cuh"

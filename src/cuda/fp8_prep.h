@@ -11,9 +11,8 @@ extern "C" {
 
 fa3c_status fa3c_fp8_transpose_v(const fa3c_fp8_vt_params *p, void *stream);
 
+/* An e4m3 kernel instance's launcher (fp8_launch.cuh; fp8_host.c finds those built). */
 typedef fa3c_status (*fa3c_fp8_launcher)(const fa3c_fp8_kernel_params *p, void *stream);
-fa3c_status fa3c_fwd_sm90_e4m3_hdim128(const fa3c_fp8_kernel_params *p, void *stream);
-fa3c_status fa3c_fwd_sm90_e4m3_hdim256(const fa3c_fp8_kernel_params *p, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
-// Launch of one forward instance; each src/cuda/inst/*.cu file expands
-// FA3C_FWD_INSTANCE once, so every kernel is its own translation unit.
+// Launch of one forward instance; each instance file that sources.cmake
+// writes expands FA3C_FWD_INSTANCE once, so every kernel is its own
+// translation unit.
 #pragma once
 #include <cuda_runtime.h>
 #include <string.h>

@@ -159,7 +159,7 @@
  * the code compiled out; the default is 1 except in the main hdim-256
  * instances (FA3C_FWD_CLUSTER_256 below). */
 /* FA3C_FWD_CLUSTER_256 = 2 (default): the main hdim-256 instances (80-key
- * blocks; tools/gen_instances.py marks their translation units with
+ * blocks; src/cuda/sources.cmake marks their translation units with
  * FA3C_FWD_CLUSTERED_INSTANCE) are built with clusters of two, the others
  * without: clusters gain for hdim 256 without a mask up to 2k, and the
  * cluster code costs hdim 64 and 128 1-5% everywhere (docs/KNOBS.md).

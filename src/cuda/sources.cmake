@@ -1,15 +1,48 @@
-# CUDA sources of libfa3c. FA3C_INSTANCES picks the kernel instances built
-# ("all", or e.g. "bf16_hdim128" for a one-instance build in under a minute;
-# "all" leaves the *_varlen ones out with FA3C_CUDA_VARLEN=OFF).
-# Each forward instance bf16/fp16_hdim64/128/192/256 brings the backward instance of
-# the same name (inst/bwd_*.cu; bwd_tiles.h has its head dims), and
-# bf16_hdim128/256 the e4m3 forward of the head dim (inst/fwd_e4m3_*.cu).
-# (tools/gen_instances.py writes the files)
-set(FA3C_ALL_INSTANCES bf16_hdim64 bf16_hdim96 bf16_hdim128 bf16_hdim192 bf16_hdim256 bf16_hdim256_n64
-                       fp16_hdim64 fp16_hdim96 fp16_hdim128 fp16_hdim192 fp16_hdim256 fp16_hdim256_n64
-                       bf16_hdim64_varlen bf16_hdim96_varlen bf16_hdim128_varlen bf16_hdim192_varlen
-                       bf16_hdim256_varlen fp16_hdim64_varlen fp16_hdim96_varlen fp16_hdim128_varlen
-                       fp16_hdim192_varlen fp16_hdim256_varlen)
+# CUDA sources of libfa3c, and the one list of its kernel instances.
+#
+# Each instance is one kernel in its own translation unit, written into the
+# build folder (fa3c_inst/) from the rows below, and listed in the generated
+# header fa3c_inst/built_instances.h, from which the host code builds its
+# tables (backend.c, bwd_host.c, fp8_host.c) and declares the launchers.
+# Adding a head dim or dtype is a row here plus its tiles (fwd_tiles.h,
+# bwd_tiles.h, fp8_params.h).
+#
+# FA3C_INSTANCES picks the forward instances built by name ("all", or e.g.
+# "bf16_hdim128" for a one-instance build in under a minute; "all" leaves the
+# *_varlen ones out with FA3C_CUDA_VARLEN=OFF). A forward instance brings the
+# backward and e4m3 instances that name it in their `with` column.
+
+# Forward: name dtype hdim block_n (- = FA3C_FWD_BLOCK_N(hdim)) role clustered
+#   role: main | short_causal (hdim 256's 64-key tiles for short causal calls,
+#   fwd_tiles.h FA3C_FWD_SHORT_CAUSAL_KEYS_256) | varlen (seqused_k, cu_seqlens,
+#   paged K/V); clustered: built with FA3C_FWD_CLUSTERED_INSTANCE (FA3C_FWD_CLUSTER_256).
+set(FA3C_FWD_ROWS
+  "bf16_hdim64 BF16 64 - main 0"          "bf16_hdim96 BF16 96 - main 0"
+  "bf16_hdim128 BF16 128 - main 0"        "bf16_hdim192 BF16 192 - main 0"
+  "bf16_hdim256 BF16 256 - main 1"        "bf16_hdim256_n64 BF16 256 64 short_causal 0"
+  "fp16_hdim64 FP16 64 - main 0"          "fp16_hdim96 FP16 96 - main 0"
+  "fp16_hdim128 FP16 128 - main 0"        "fp16_hdim192 FP16 192 - main 0"
+  "fp16_hdim256 FP16 256 - main 1"        "fp16_hdim256_n64 FP16 256 64 short_causal 0"
+  "bf16_hdim64_varlen BF16 64 - varlen 0" "bf16_hdim96_varlen BF16 96 - varlen 0"
+  "bf16_hdim128_varlen BF16 128 - varlen 0" "bf16_hdim192_varlen BF16 192 - varlen 0"
+  "bf16_hdim256_varlen BF16 256 - varlen 0" "fp16_hdim64_varlen FP16 64 - varlen 0"
+  "fp16_hdim96_varlen FP16 96 - varlen 0" "fp16_hdim128_varlen FP16 128 - varlen 0"
+  "fp16_hdim192_varlen FP16 192 - varlen 0" "fp16_hdim256_varlen FP16 256 - varlen 0")
+# Backward (bwd_tiles.h): name dtype hdim, built with the forward instance `with`.
+set(FA3C_BWD_ROWS
+  "bf16_hdim64 BF16 64 bf16_hdim64"    "bf16_hdim128 BF16 128 bf16_hdim128"
+  "bf16_hdim192 BF16 192 bf16_hdim192" "bf16_hdim256 BF16 256 bf16_hdim256"
+  "fp16_hdim64 FP16 64 fp16_hdim64"    "fp16_hdim128 FP16 128 fp16_hdim128"
+  "fp16_hdim192 FP16 192 fp16_hdim192" "fp16_hdim256 FP16 256 fp16_hdim256")
+# e4m3 forward (fp8_params.h): name hdim, built with the forward instance `with`.
+set(FA3C_FP8_ROWS "e4m3_hdim128 128 bf16_hdim128" "e4m3_hdim256 256 bf16_hdim256")
+
+set(FA3C_ALL_INSTANCES "")
+foreach(row ${FA3C_FWD_ROWS})
+  string(REPLACE " " ";" f "${row}")
+  list(GET f 0 name)
+  list(APPEND FA3C_ALL_INSTANCES ${name})
+endforeach()
 if(FA3C_INSTANCES STREQUAL "all")
   set(_fa3c_selected ${FA3C_ALL_INSTANCES})
   if(NOT FA3C_CUDA_VARLEN)   # FA3C_CUDA_VARLEN=OFF: "all" without the *_varlen instances
@@ -18,37 +51,112 @@ if(FA3C_INSTANCES STREQUAL "all")
 else()
   set(_fa3c_selected ${FA3C_INSTANCES})
 endif()
-set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c
-                      ${PROJECT_SOURCE_DIR}/src/cuda/fwd_plan.c ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu
-                      ${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/bwd_prep.cu
-                      ${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c ${PROJECT_SOURCE_DIR}/src/cuda/fp8_prep.cu)
-set(FA3C_BWD_INSTANCES bf16_hdim64 bf16_hdim128 bf16_hdim192 bf16_hdim256 fp16_hdim64 fp16_hdim128 fp16_hdim192
-                       fp16_hdim256)
-set(_fa3c_bwd_defs "")
-set(_fa3c_fp8_defs "")
-set(_fa3c_defs "")
 foreach(inst ${_fa3c_selected})
   if(NOT inst IN_LIST FA3C_ALL_INSTANCES)
     message(FATAL_ERROR "FA3C_INSTANCES: unknown instance '${inst}' (known: ${FA3C_ALL_INSTANCES})")
   endif()
-  list(APPEND FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/inst/fwd_${inst}.cu)
-  list(APPEND _fa3c_defs FA3C_INST_${inst}=1)
-  if(inst MATCHES "^bf16_hdim(128|256)$")   # the e4m3 instance of the head dim (fwd_fp8_sm90.cuh)
-    string(REPLACE "bf16_" "e4m3_" fp8_inst ${inst})
-    list(APPEND FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/inst/fwd_${fp8_inst}.cu)
-    list(APPEND _fa3c_fp8_defs FA3C_FP8_INST_${fp8_inst}=1)
-  endif()
-  if(inst IN_LIST FA3C_BWD_INSTANCES)
-    list(APPEND FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/inst/bwd_${inst}.cu)
-    list(APPEND _fa3c_bwd_defs FA3C_BWD_INST_${inst}=1)
-  endif()
 endforeach()
+
+set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c
+                      ${PROJECT_SOURCE_DIR}/src/cuda/fwd_plan.c ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu
+                      ${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/bwd_prep.cu
+                      ${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c ${PROJECT_SOURCE_DIR}/src/cuda/fp8_prep.cu)
+set(FA3C_INST_DIR ${PROJECT_BINARY_DIR}/fa3c_inst)
+set(_fa3c_head "// GENERATED by src/cuda/sources.cmake. One kernel instance per translation unit.\n")
+
+# One instance's translation unit (rewritten only when its text changes).
+function(fa3c_instance_file file text)
+  file(CONFIGURE OUTPUT ${FA3C_INST_DIR}/${file} CONTENT "${_fa3c_head}${text}" @ONLY)
+  set(FA3C_CUDA_SOURCES ${FA3C_CUDA_SOURCES} ${FA3C_INST_DIR}/${file} PARENT_SCOPE)
+endfunction()
+
+set(_fwd_x "")
+foreach(row ${FA3C_FWD_ROWS})
+  string(REPLACE " " ";" f "${row}")
+  list(GET f 0 name)
+  list(GET f 1 dt)
+  list(GET f 2 d)
+  list(GET f 3 n)
+  list(GET f 4 role)
+  list(GET f 5 clustered)
+  if(NOT name IN_LIST _fa3c_selected)
+    continue()
+  endif()
+  if(n STREQUAL "-")
+    set(n "FA3C_FWD_BLOCK_N(${d})")
+  endif()
+  set(fp16 0)
+  if(dt STREQUAL "FP16")
+    set(fp16 1)
+  endif()
+  set(varlen 0)
+  if(role STREQUAL "varlen")
+    set(varlen 1)
+  endif()
+  set(text "")
+  if(clustered)
+    set(text "#define FA3C_FWD_CLUSTERED_INSTANCE 1   // clusters of two CTAs (fwd_tiles.h, FA3C_FWD_CLUSTER_256)\n")
+  endif()
+  fa3c_instance_file(fwd_${name}.cu "${text}#include \"cuda/fwd_launch.cuh\"
+FA3C_FWD_INSTANCE(fa3c_fwd_sm90_${name}, ${d}, ${n}, ${fp16}, ${varlen})\n")
+  string(TOUPPER ${role} role_uc)
+  string(APPEND _fwd_x " \\\n    X(${name}, FA3C_DTYPE_${dt}, ${d}, ${n}, FA3C_FWD_ROLE_${role_uc})")
+endforeach()
+
+set(_bwd_x "")
+foreach(row ${FA3C_BWD_ROWS})
+  string(REPLACE " " ";" f "${row}")
+  list(GET f 0 name)
+  list(GET f 1 dt)
+  list(GET f 2 d)
+  list(GET f 3 with)
+  if(NOT with IN_LIST _fa3c_selected)
+    continue()
+  endif()
+  set(fp16 0)
+  if(dt STREQUAL "FP16")
+    set(fp16 1)
+  endif()
+  fa3c_instance_file(bwd_${name}.cu "#include \"cuda/bwd_launch.cuh\"
+FA3C_BWD_INSTANCE(fa3c_bwd_sm90_${name}, ${d}, ${fp16})\n")
+  string(APPEND _bwd_x " \\\n    X(${name}, FA3C_DTYPE_${dt}, ${d})")
+endforeach()
+
+set(_fp8_x "")
+foreach(row ${FA3C_FP8_ROWS})
+  string(REPLACE " " ";" f "${row}")
+  list(GET f 0 name)
+  list(GET f 1 d)
+  list(GET f 2 with)
+  if(NOT with IN_LIST _fa3c_selected)
+    continue()
+  endif()
+  fa3c_instance_file(fwd_${name}.cu "#include \"cuda/fp8_launch.cuh\"
+FA3C_FP8_INSTANCE(fa3c_fwd_sm90_${name}, ${d})\n")
+  string(APPEND _fp8_x " \\\n    X(${name}, ${d})")
+endforeach()
+
+file(CONFIGURE OUTPUT ${FA3C_INST_DIR}/built_instances.h CONTENT "/* GENERATED by src/cuda/sources.cmake: the kernel \
+instances this build compiled (FA3C_INSTANCES), as X-macro lists. */
+#ifndef FA3C_BUILT_INSTANCES_H
+#define FA3C_BUILT_INSTANCES_H
+/* X(name, dtype, hdim, block_n, role): the forward's (fwd_launch.cuh; role: instances.h). */
+#define FA3C_BUILT_FWD_INSTANCES(X)${_fwd_x}
+/* X(name, dtype, hdim): the backward's (bwd_launch.cuh). */
+#define FA3C_BUILT_BWD_INSTANCES(X)${_bwd_x}
+/* X(name, hdim): the e4m3 forward's (fp8_launch.cuh). */
+#define FA3C_BUILT_FP8_INSTANCES(X)${_fp8_x}
+#endif
+" @ONLY)
+
+# The host files find built_instances.h in the build folder.
+set(FA3C_CUDA_INCLUDE_DIRS ${FA3C_INST_DIR})
+set(_fa3c_host_defs "")
 if(FA3C_CUDA_BWD)   # the backward kernels are built either way; this lets bwd_host.c use them
-  list(APPEND _fa3c_bwd_defs FA3C_CUDA_BWD=1)
+  list(APPEND _fa3c_host_defs FA3C_CUDA_BWD=1)
 endif()
-set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c PROPERTIES COMPILE_DEFINITIONS "${_fa3c_bwd_defs}")
 if(FA3C_CUDA_FP8)   # the e4m3 kernels are built either way; this lets fp8_host.c use them
-  list(APPEND _fa3c_fp8_defs FA3C_CUDA_FP8=1)
+  list(APPEND _fa3c_host_defs FA3C_CUDA_FP8=1)
 endif()
-set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c PROPERTIES COMPILE_DEFINITIONS "${_fa3c_fp8_defs}")
-set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/backend.c PROPERTIES COMPILE_DEFINITIONS "${_fa3c_defs}")
+set_source_files_properties(${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c
+                            PROPERTIES COMPILE_DEFINITIONS "${_fa3c_host_defs}")
