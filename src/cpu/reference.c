@@ -18,7 +18,7 @@ static fa3c_problem prepared(const fa3c_problem *pr) {
 }
 
 static int max_seqlen_k(const fa3c_problem *pr) {
-    int m = pr->seqlen_k;
+    int m = 0;   /* the keys used, not the declared maximum: with cu_seqlens or seqused_k only a bound */
     for (int b = 0; b < pr->batch; b++) {
         int n = fa3c_seqlen_k_of(pr, b);
         if (n > m) m = n;
