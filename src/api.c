@@ -549,9 +549,10 @@ static float default_scale(const fa3c_problem *pr) {
 /* ---- forward ---- */
 
 /* prepare_fwd / prepare_bwd: validate p and fill *out with the backend and
- * scale resolved; *empty = 1 for a problem with nothing to compute
- * (problem_is_empty), whose memory is not validated and must not be touched. */
-static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, int *empty) {
+ * scale resolved. A problem with nothing to compute (problem_is_empty) has
+ * its scalars validated only: its memory is not looked at, and the callers
+ * touch none. */
+static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -564,7 +565,7 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
             return fa3c_error(BAD, "%s: only valid with dtype E4M3 (dtype is %s)", descale_names[i],
                               dtype_name(pr->dtype));
     *out = *p;
-    if ((*empty = problem_is_empty(pr, 0))) return check_backend_value(p->backend);
+    if (problem_is_empty(pr, 0)) return check_backend_value(p->backend);
 
     int in = dtype_size(pr->dtype);
     int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
@@ -577,7 +578,6 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
 
-    *out = *p;
     out->backend = backend;
     out->problem.softmax_scale = default_scale(pr);
     if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_fwd_supported(out)) != FA3C_STATUS_OK) return s;
@@ -586,19 +586,17 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
 
 fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
     fa3c_fwd_params r;
-    int empty = 0;
-    fa3c_status s = prepare_fwd(p, &r, &empty);
+    fa3c_status s = prepare_fwd(p, &r);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_params r;
-    int empty = 0;
-    fa3c_status s = prepare_fwd(p, &r, &empty);
+    fa3c_status s = prepare_fwd(p, &r);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
-    if (empty) return FA3C_STATUS_OK;
+    if (problem_is_empty(&r.problem, 0)) return FA3C_STATUS_OK;
     switch (r.backend) {
     case FA3C_BACKEND_CUDA: s = fa3c_cuda_fwd(&r, stream); break;
     case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_fwd_reference(&r); break;
@@ -616,7 +614,7 @@ static fa3c_status bwd_dtype_supported(const fa3c_problem *pr) {
     return FA3C_STATUS_OK;
 }
 
-static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, int *empty) {
+static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -625,7 +623,7 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, i
     if (p->deterministic != 0 && p->deterministic != 1)
         return fa3c_error(BAD, "deterministic: must be 0 or 1 (got %d)", p->deterministic);
     *out = *p;
-    if ((*empty = problem_is_empty(pr, 1))) {
+    if (problem_is_empty(pr, 1)) {
         if ((s = check_backend_value(p->backend)) != FA3C_STATUS_OK) return s;
         return bwd_dtype_supported(pr);
     }
@@ -648,7 +646,6 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, i
     if (pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
 
-    *out = *p;
     out->backend = backend;
     out->problem.softmax_scale = default_scale(pr);
     if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_bwd_supported(out)) != FA3C_STATUS_OK) return s;
@@ -657,19 +654,17 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, i
 
 fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p) {
     fa3c_bwd_params r;
-    int empty = 0;
-    fa3c_status s = prepare_bwd(p, &r, &empty);
+    fa3c_status s = prepare_bwd(p, &r);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_params r;
-    int empty = 0;
-    fa3c_status s = prepare_bwd(p, &r, &empty);
+    fa3c_status s = prepare_bwd(p, &r);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
-    if (empty) return FA3C_STATUS_OK;
+    if (problem_is_empty(&r.problem, 1)) return FA3C_STATUS_OK;
     switch (r.backend) {
     case FA3C_BACKEND_CUDA: s = fa3c_cuda_bwd(&r, stream); break;
     case FA3C_BACKEND_CPU_REFERENCE: s = fa3c_cpu_bwd_reference(&r); break;

@@ -28,9 +28,6 @@
 #include "harness.h"
 #include "testutil.h"
 #include "fa3c.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FZ_ASAN 1
@@ -1047,25 +1044,6 @@ static void run_round(fz *z, int nmut, const int *weights, fa3c_status expect_ba
 
 /* ---- the cases -------------------------------------------------------------------------- */
 
-static long env_long(const char *name, long dflt) {
-    const char *s = getenv(name);
-    return s && *s ? strtol(s, NULL, 0) : dflt;
-}
-
-/* Thousands of tiny calls: OpenMP's spinning barriers would dominate them (and two
- * test processes on two cores would starve each other: 10x slower under ctest -j2),
- * so most run on one thread; every 32nd keeps the default team so that the parallel
- * paths run too. Results do not depend on the thread count (test_cpu_bwd checks it). */
-static void pick_threads(long i) {
-#ifdef _OPENMP
-    static int dflt;
-    if (!dflt) dflt = omp_get_max_threads();
-    omp_set_num_threads(i % 32 == 0 ? dflt : 1);
-#else
-    (void)i;
-#endif
-}
-
 /* Each base gets its own stream (seed, case, base), so FA3C_FUZZ_ONLY replays one. */
 static void reseed(uint64_t salt, long base) {
     tu_rng_state = fz_seed ^ (salt * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)base * 0xD1B54A32D192ED03ull);
@@ -1075,7 +1053,7 @@ static void reseed(uint64_t salt, long base) {
 static void fuzz(const char *name, uint64_t salt, int bwd_every, int meta, const int *weights) {
     static int seeded;
     if (!seeded) fz_seed = tu_seed_init(), seeded = 1; /* the seed itself, not the stream's later state */
-    const long iters = env_long("FA3C_FUZZ_ITERS", 4000), only = env_long("FA3C_FUZZ_ONLY", -1);
+    const long iters = tu_env_long("FA3C_FUZZ_ITERS", 4000), only = tu_env_long("FA3C_FUZZ_ONLY", -1);
     const long bases = only >= 0 ? only + 1 : (iters + ROUNDS - 1) / ROUNDS;
     fz_stats st;
     memset(&st, 0, sizeof st);
@@ -1083,7 +1061,7 @@ static void fuzz(const char *name, uint64_t salt, int bwd_every, int meta, const
     for (long base = 0; base < bases && st.failing < MAX_FAILING; base++) {
         if (only >= 0 && base != only) continue;
         reseed(salt, base);
-        pick_threads(base);
+        tu_pick_threads(base);
         const int bwd = bwd_every > 0 && base % bwd_every == 0;
         base_build(z, bwd, meta);
         const fa3c_status want = bwd && z->g0.problem.page_table ? FA3C_STATUS_NOT_SUPPORTED : FA3C_STATUS_OK;

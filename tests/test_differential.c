@@ -35,9 +35,6 @@
 #include "testutil.h"
 #include "backend.h"
 #include "cpu/cpu.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 enum { MAXB = 3, MAX_FAILING = 5, WORK_CAP = 60000 };
 
@@ -561,30 +558,11 @@ static void check_case(const dcase *c, dstats *st) {
 
 /* ---- the cases ------------------------------------------------------------------------------- */
 
-static long env_long(const char *name, long dflt) {
-    const char *v = getenv(name);
-    return v && *v ? strtol(v, NULL, 0) : dflt;
-}
-
-/* Thousands of tiny calls: OpenMP's spinning barriers would dominate them (and two
- * test processes on two cores would starve each other: 10x slower under ctest -j2),
- * so most run on one thread; every 32nd keeps the default team so that the parallel
- * paths run too. Results do not depend on the thread count (test_cpu_bwd checks it). */
-static void pick_threads(long i) {
-#ifdef _OPENMP
-    static int dflt;
-    if (!dflt) dflt = omp_get_max_threads();
-    omp_set_num_threads(i % 32 == 0 ? dflt : 1);
-#else
-    (void)i;
-#endif
-}
-
 static void differential(const char *name, uint64_t salt, int flavor) {
     static uint64_t seed;
     static int seeded;
     if (!seeded) seed = tu_seed_init(), seeded = 1; /* the seed itself, not the stream's later state */
-    const long only = env_long("FA3C_DIFF_ONLY", -1), n = only >= 0 ? only + 1 : env_long("FA3C_DIFF_CASES", 1200);
+    const long only = tu_env_long("FA3C_DIFF_ONLY", -1), n = only >= 0 ? only + 1 : tu_env_long("FA3C_DIFF_CASES", 1200);
     dstats st;
     memset(&st, 0, sizeof st);
     for (long i = 0; i < n && st.failing < MAX_FAILING; i++) {
@@ -594,7 +572,7 @@ static void differential(const char *name, uint64_t salt, int flavor) {
         (void)tu_rand_u64();
         dcase c;
         gen(&c, flavor);
-        pick_threads(i);
+        tu_pick_threads(i);
         const int before = harness_failures;
         check_case(&c, &st);
         st.cases++;

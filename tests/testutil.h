@@ -7,6 +7,8 @@
  *   tu_max_abs_err / tu_rel_l2_err on float arrays (NaN counts as infinite error)
  *   tu_strides_bshd         contiguous (b, s, h, d) strides
  *   tu_alloc                malloc that aborts on failure
+ *   tu_env_long             an integer from the environment, or a default
+ *   tu_pick_threads(i)      one OpenMP thread for most of many tiny calls
  */
 #ifndef FA3C_TESTUTIL_H
 #define FA3C_TESTUTIL_H
@@ -19,6 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 #include "fa3c.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static uint64_t tu_rng_state;
 static int tu_rng_ready;
@@ -223,6 +228,27 @@ static inline void tu_gather(float *dst, const fa3c_tensor *t, fa3c_dtype dt, in
             for (int64_t ih = 0; ih < h; ih++)
                 for (int64_t id = 0; id < d; id++)
                     dst[k++] = tu_load(t->data, dt, ib * t->stride[0] + is * t->stride[1] + ih * t->stride[2] + id);
+}
+
+/* The integer in environment variable `name` (strtol, any base), or dflt when unset or empty. */
+static inline long tu_env_long(const char *name, long dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, NULL, 0) : dflt;
+}
+
+/* For tests of thousands of tiny calls: OpenMP's spinning barriers would
+ * dominate them (and two test processes on two cores would starve each other:
+ * 10x slower under ctest -j2), so call i runs on one thread unless i % 32 == 0,
+ * which keeps the default team so that the parallel paths run too. Results do
+ * not depend on the thread count (test_cpu_bwd checks it). */
+static inline void tu_pick_threads(long i) {
+#ifdef _OPENMP
+    static int dflt;
+    if (!dflt) dflt = omp_get_max_threads();
+    omp_set_num_threads(i % 32 == 0 ? dflt : 1);
+#else
+    (void)i;
+#endif
 }
 
 #endif
