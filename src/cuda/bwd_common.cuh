@@ -31,6 +31,7 @@ struct BwdSeq {
     int k_start;               // key of the K/V tile's row 0 (fa3c_bwd_rows_start)
     int rel_lo, rel_hi;        // query i sees key j < sk iff rel_lo <= j - i <= rel_hi
     int m_begin, m_end;        // the query blocks with a row that sees a key of this block
+    int m_first;               // the walk's first (bwd_walk_start)
 };
 
 FA3C_HOST_DEVICE int clamp_to_int(long long x) { return x < INT_MIN ? INT_MIN : x > INT_MAX ? INT_MAX : (int)x; }
@@ -69,7 +70,25 @@ FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_bloc
     q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;
     q.rel_hi = p.window_right >= 0 ? clamp_to_int(diag + p.window_right) : INT_MAX;
     bwd_query_blocks(q, n_block, block_m, block_n, q.m_begin, q.m_end);
+    q.m_first = q.m_begin;   // bwd_cta_init sets the kernel's (bwd_walk_start)
     return q;
+}
+
+// Where key block n_block (of n_blocks) starts its walk over each head's
+// query blocks [m_begin, m_end), wrapping around at m_end. With the
+// first-write flags (p.dq_written) the key blocks of a head start spread
+// over the range, so that they reach a dQ tile steps apart and find its
+// first store complete (started together, all but one would wait for it);
+// otherwise at m_begin (deterministic turns go in key-block order).
+FA3C_HOST_DEVICE int bwd_walk_start(const fa3c_bwd_kernel_params &p, const BwdSeq &q, int n_block, int n_blocks) {
+    if (!p.dq_written || q.m_begin >= q.m_end) return q.m_begin;
+    return q.m_begin + (int)((long long)n_block * (q.m_end - q.m_begin) / n_blocks);
+}
+
+// Query block of step `it` of the walk (it < blocks x the group's heads).
+FA3C_HOST_DEVICE int bwd_walk_block(int it, int m_begin, int m_end, int m_first) {
+    const int blocks = m_end - m_begin;
+    return m_begin + (m_first - m_begin + it % blocks) % blocks;
 }
 
 // A field of the CTA's BwdSeq, read from smem where it is used (a 32-bit
@@ -91,7 +110,7 @@ FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *b
 template <int D, class Smem>
 FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
-    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end);
+    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     if (m_begin >= m_end) return;
     const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
     mbar_arrive_expect_tx(&sm.kv_full, 2 * N * D * 2);
@@ -100,8 +119,8 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int hea
     int it = 0;
     for (int g = 0; g < p.group; g++) {
         const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
-        for (int m = m_begin; m < m_end; m++, it++) {
-            const int s = it % BWD_STAGES;
+        for (int i = 0; i < m_end - m_begin; i++, it++) {
+            const int s = it % BWD_STAGES, m = bwd_walk_block(i, m_begin, m_end, m_first);
             const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
             if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
             mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
@@ -118,6 +137,47 @@ template <int D>
 FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
     enum { M = FA3C_BWD_BLOCK_M(D) };
     return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
+}
+
+// The dQ writer (FA3C_BWD_WRITER_ON), one thread of the producer
+// warpgroup, either kernel: per step (the consumers' walk), wait for both
+// warpgroups' dQ in sm.dq, add it to the block's tile with one bulk
+// reduction, and hand the buffer back once read. With p.dq_written
+// (FA3C_BWD_DQ_FIRST_WRITE) the accumulator was not zeroed: the first key
+// block to claim a tile's flag (0 -> 1) stores its dQ there and raises the
+// flag to 2 once the store is complete; the others wait for 2, then add.
+// deterministic = 1 adds in turn from the consumers instead.
+template <int D, class Smem>
+FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
+    enum { M = FA3C_BWD_BLOCK_M(D), BYTES = M * D * 4 };
+    if (p.dq_semaphore) return;
+    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
+    const int blocks = m_end - m_begin;
+    for (int it = 0; it < p.group * blocks; it++) {
+        const int head = head_kv * p.group + it / blocks, m = bwd_walk_block(it, m_begin, m_end, m_first);
+        float *tile = bwd_dq_tile<D>(p, batch, head, m);
+        int *flag = p.dq_written ? p.dq_written + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m : nullptr;
+        mbar_wait_parity(&sm.dq_full, it & 1);
+        if (flag && atomicCAS(flag, 0, 1) == 0) {
+            bulk_store(tile, sm.dq, BYTES);
+            tma_store_commit();
+            tma_store_wait_read();
+            mbar_arrive(&sm.dq_empty);
+            tma_store_wait_all();
+            fence_proxy_async_global();
+            st_release_gpu(flag, 2);
+            continue;
+        }
+        if (flag) {
+            wait_counter_at_least(flag, 2);
+            fence_proxy_async_global();
+        }
+        bulk_reduce_add_f32(tile, sm.dq, BYTES);
+        tma_store_commit();
+        tma_store_wait_read();
+        mbar_arrive(&sm.dq_empty);
+    }
+    tma_store_wait_all();
 }
 
 template <int N>
@@ -179,6 +239,7 @@ FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m, int block_n
 template <int D, class Smem>
 FA3C_DEVICE void bwd_cta_init(const fa3c_bwd_kernel_params &p, Smem &sm, int n_block, int batch) {
     sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
+    sm.seq.m_first = bwd_walk_start(p, sm.seq, n_block, gridDim.x);
     tma_prefetch_map(&p.q_map);
     tma_prefetch_map(&p.k_map);
     tma_prefetch_map(&p.v_map);

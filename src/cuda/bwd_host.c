@@ -135,13 +135,16 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_kernel_params k;
     if ((s = fill_kernel_params(&k, p, block_m, rows_pad)) != FA3C_STATUS_OK) return s;
 
-    /* Scratch, stream-ordered: dq_accum (fp32) and with deterministic = 1 the
-     * dQ turn counters, both zeroed by the preprocessing; then lse_log2 and
-     * dsum. Every part is a multiple of 256 bytes (rows_pad is a multiple of
-     * the block's 64 or 128 rows). */
+    /* Scratch, stream-ordered: dq_accum (fp32) and one int per query block
+     * (deterministic = 1: the dQ turn counters; with the first-write flags,
+     * dq_written), zeroed by the preprocessing (dq_accum only without the
+     * flags); then lse_log2 and dsum. Every part is a multiple of 256 bytes
+     * (rows_pad is a multiple of the block's 64 or 128 rows). */
+    const int first_write = FA3C_BWD_WRITER_ON(kernel_d) && kernel_d <= 128 && !p->deterministic &&
+                            pr->seqlen_q <= FA3C_BWD_DQ_FIRST_WRITE;
     const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;
     const size_t accum_bytes = rows * kernel_d * sizeof(float), row_bytes = rows * sizeof(float);
-    const size_t sem_bytes = p->deterministic ? rows / block_m * sizeof(int) : 0;
+    const size_t sem_bytes = p->deterministic || first_write ? rows / block_m * sizeof(int) : 0;
     const size_t zeroed = accum_bytes + (sem_bytes + 255) / 256 * 256, total = zeroed + 2 * row_bytes;
     void *ws = NULL;
     cudaError_t e = cudaMallocAsync(&ws, total, (cudaStream_t)stream);
@@ -160,6 +163,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     }
     k.dq_accum = (float *)ws;
     k.dq_semaphore = p->deterministic ? (int *)((char *)ws + accum_bytes) : NULL;
+    k.dq_written = first_write ? (int *)((char *)ws + accum_bytes) : NULL;
     k.num_m_blocks = rows_pad / block_m;
     k.lse_log2 = (float *)((char *)ws + zeroed);
     k.dsum = (float *)((char *)ws + zeroed + row_bytes);
@@ -176,6 +180,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.dsum = (float *)k.dsum;
     prep.dq_accum = k.dq_accum;
     prep.dq_semaphore = k.dq_semaphore;
+    prep.dq_written = k.dq_written;
     prep.dq = p->dq.data;
     memcpy(prep.dq_stride, p->dq.stride, sizeof prep.dq_stride);
     prep.batch = pr->batch;

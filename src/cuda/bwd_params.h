@@ -35,7 +35,8 @@ typedef struct fa3c_bwd_kernel_params {
      *             sequence and for rows a shifted block shares with the block before (so P = 0);
      *   dsum      rowsum(dO ⊙ O), 0 on those rows (bwd_prep.cu);
      * dq_accum is in tile order (fa3c_bwd_dq_tile_offset): zeroed, then += dS·K (unscaled) by every
-     * key block (atomics); bwd_prep.cu's dq kernel scales it and writes dq.
+     * key block (atomics), or with dq_written not zeroed; bwd_prep.cu's dq kernel scales it and
+     * writes dq.
      * Its rows are the kernel's head dim wide (128 for hdim 96). */
     const float *lse_log2, *dsum;
     float *dq_accum;
@@ -45,6 +46,12 @@ typedef struct fa3c_bwd_kernel_params {
      * for its turn (bwd_sm90.cuh, add_dq_in_turn), so dq's sums are
      * bitwise reproducible. */
     int *dq_semaphore;
+    /* FA3C_BWD_DQ_FIRST_WRITE with the writer, not deterministic (NULL
+     * otherwise): per (batch, head, query block), zeroed: 0 = its dQ tile
+     * untouched (the accumulator holds garbage; the dq kernel writes zeros),
+     * 1 = a key block is storing it, 2 = stored, the others add to it
+     * (bwd_dq_writer). */
+    int *dq_written;
     int num_m_blocks;          /* rows_pad / FA3C_BWD_BLOCK_M(headdim) */
     /* dk (scaled by softmax_scale) and dv, written by the main kernel:
      * element strides (batch, seqlen, heads), all even, headdim stride 1. */
@@ -75,6 +82,8 @@ typedef struct fa3c_bwd_prep_params {
     const int *cu_seqlens_q;   /* NULL = fixed length */
     float *lse_log2, *dsum, *dq_accum;
     int *dq_semaphore;         /* deterministic = 1 (else NULL): zeroed by the preprocessing */
+    int *dq_written;           /* the main kernel's (else NULL): zeroed by the preprocessing, which then
+                                  leaves dq_accum as it is */
     void *dq;
     int64_t dq_stride[3];
     int batch, seqlen_q, heads_q, headdim, rows_pad;

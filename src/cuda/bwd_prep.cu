@@ -2,7 +2,8 @@
 // bwd_wide_sm90.cuh): plain CUDA, memory-bound. They move the same bytes at
 // every sequence length, so at short sequences they are a large part of a
 // call: both read and write in 16-byte vectors where the tensors allow, and
-// the preprocessing also zeroes dQ's accumulator (no separate memset).
+// the preprocessing also zeroes dQ's accumulator (no separate memset), or
+// with the first-write flags only those.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -85,16 +86,20 @@ static __device__ __forceinline__ int scratch_query(const fa3c_bwd_prep_params &
 // rowsum(dO ⊙ O) and lse_log2 = lse · log2(e), or dsum = 0 and lse_log2 =
 // +inf for rows without a query of their own and for fully masked rows.
 // Each CTA also zeroes its rows' share of dQ's accumulator (any PREP_ROWS x
-// accum_cols floats of it: the tile order permutes within a block) and,
-// deterministic, the turn counter of a query block it starts.
+// accum_cols floats of it: the tile order permutes within a block; not with
+// dq_written, whose first writer stores) and the turn counter or
+// first-write flag of a query block it starts.
 template <int FP16, int VEC>
 __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
     const int head = blockIdx.y, batch = blockIdx.z, row0 = blockIdx.x * PREP_ROWS;
     const int64_t bh = (int64_t)batch * p.heads_q + head;
-    float4 *zero = (float4 *)(p.dq_accum + (bh * p.rows_pad + row0) * p.accum_cols);
-    for (int i = threadIdx.x; i < PREP_ROWS * p.accum_cols / 4; i += PREP_THREADS) zero[i] = make_float4(0, 0, 0, 0);
-    if (p.dq_semaphore && threadIdx.x == 0 && row0 % p.block_m == 0)
-        p.dq_semaphore[bh * (p.rows_pad / p.block_m) + row0 / p.block_m] = 0;
+    if (!p.dq_written) {
+        float4 *zero = (float4 *)(p.dq_accum + (bh * p.rows_pad + row0) * p.accum_cols);
+        for (int i = threadIdx.x; i < PREP_ROWS * p.accum_cols / 4; i += PREP_THREADS)
+            zero[i] = make_float4(0, 0, 0, 0);
+    }
+    int *const flags = p.dq_semaphore ? p.dq_semaphore : p.dq_written;
+    if (flags && threadIdx.x == 0 && row0 % p.block_m == 0) flags[bh * (p.rows_pad / p.block_m) + row0 / p.block_m] = 0;
 
     const int row = row0 + threadIdx.x / PREP_LANES, lane = threadIdx.x % PREP_LANES;
     const PrepRow s = prep_sequence(p, batch);
@@ -124,7 +129,8 @@ __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_p
 }
 
 // Grid: (rows_pad / 64 x accum_cols / 64, heads_q, batch): one 64 x 64
-// piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset) per CTA,
+// piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset) per CTA
+// (zeros for a tile no key block wrote, dq_written),
 // read whole (thread t's float4 k is at (128 k + t) 4: rows 16 warp + lane / 4
 // (+ 8), columns 8 k + 2 (lane % 4) (+ 1)), scaled and staged in smem as
 // 16-bit rows, then written as 16-byte row pieces (VEC) or 2-byte elements.
@@ -140,10 +146,11 @@ __global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_
     const int64_t bh = (int64_t)batch * p.heads_q + head;
     const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row64 * 64) * p.accum_cols) +
                           (blockIdx.x % col_pieces) * 1024;
+    const bool untouched = p.dq_written && p.dq_written[bh * (p.rows_pad / p.block_m) + row64 * 64 / p.block_m] == 0;
     const int t = threadIdx.x, r = 16 * (t / 32) + (t % 32) / 4, c = 2 * (t % 4);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const float4 v = piece[128 * k + t];
+        const float4 v = untouched ? make_float4(0.f, 0.f, 0.f, 0.f) : piece[128 * k + t];
         uint32_t lo = to_bits<FP16>(v.x * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.y * p.softmax_scale) << 16;
         uint32_t hi = to_bits<FP16>(v.z * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.w * p.softmax_scale) << 16;
         *(uint32_t *)&tile[r * DQ_PITCH + 8 * k + c] = lo;

@@ -11,8 +11,8 @@ extern "C" {
 
 /* Before: dsum = rowsum(dout ⊙ out) and lse_log2 = lse · log2(e) (+inf for
  * rows the forward masked fully, -inf LSE, and for the padding rows up to
- * rows_pad) per (batch, head, row); dq_accum and the dQ turn counters
- * zeroed. */
+ * rows_pad) per (batch, head, row); dq_accum zeroed, or with dq_written
+ * only those flags; the dQ turn counters zeroed. */
 fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream);
 
 /* After: dq = softmax_scale · dq_accum, in the input dtype. */

@@ -48,13 +48,6 @@ enum { BWD_N = FA3C_BWD_BLOCK_N(128) };   // keys per CTA (64 and 128 alike)
 // (gemm_dq).
 FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 && m == 64; }
 
-// Does dQ go through smem and the writer (FA3C_BWD_DQ_WRITER)? Not with the
-// key split: the writer adds one piece per warpgroup.
-template <int D>
-FA3C_HOST_DEVICE constexpr bool bwd_dq_writer_on() {
-    return FA3C_BWD_DQ_WRITER && !bwd_dq_key_split(D, FA3C_BWD_BLOCK_M(D));
-}
-
 // Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
 // boxes land (fwd_smem.cuh's layout); dS as M / 64 chunks of 128 key rows
 // of 64 queries (MN-major A of dQ = dS·K).
@@ -75,28 +68,8 @@ struct BwdSmem {
     // reduction, and its barriers (written / read). Last, so that the other
     // members' offsets do not depend on the knob.
     uint64_t dq_full, dq_empty;
-    alignas(128) float dq[bwd_dq_writer_on<D>() ? M * D : 4];
+    alignas(128) float dq[FA3C_BWD_WRITER_ON(D) ? M * D : 4];
 };
-
-// FA3C_BWD_DQ_WRITER, one thread of the producer warpgroup: per step (the
-// consumers' walk), wait for both warpgroups' dQ in sm.dq, add it to the
-// block's tile with one bulk reduction, and hand the buffer back once read.
-// deterministic = 1 adds in turn from the consumers instead.
-template <int D>
-FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
-    if (p.dq_semaphore) return;
-    const int m_begin = BWD_SEQ(sm, m_begin), blocks = BWD_SEQ(sm, m_end) - m_begin;
-    for (int it = 0; it < p.group * blocks; it++) {
-        mbar_wait_parity(&sm.dq_full, it & 1);
-        bulk_reduce_add_f32(bwd_dq_tile<D>(p, batch, head_kv * p.group + it / blocks, m_begin + it % blocks), sm.dq,
-                            M * D * 4);
-        tma_store_commit();
-        tma_store_wait_read();
-        mbar_arrive(&sm.dq_empty);
-    }
-    tma_store_wait_all();
-}
 
 // ---- consumer GEMMs ----------------------------------------------------------------
 
@@ -363,7 +336,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     // One walk over (head of the group, query block), the producer's order.
     // The sequence's fields come from smem at each step: registers are full.
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
-    int m = m_begin, head = head_kv * p.group;
+    int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     float st[M / 2];
     for (int it = 0; it < steps; it++) {
         const int s = it % BWD_STAGES;
@@ -432,7 +405,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // dQ added under dK's GEMM.
         if (p.dq_semaphore) {
             add_dq_in_turn<D>(p, dq, n_block, batch, head, m, rel_lo, wg);
-        } else if (bwd_dq_writer_on<D>()) {   // the writer's buffer is free once it has read step it - 1's
+        } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
             if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
             put_dq_tiled(sm.dq, &sm.dq_full, dq, wg);
         } else {
@@ -443,7 +416,8 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty[s]);
-        if (++m == m_end) m = m_begin, head++;
+        if (++m == m_end) m = m_begin;   // the walk wraps (bwd_walk_start)
+        if (m == BWD_SEQ(sm, m_first)) head++;
     }
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
@@ -468,7 +442,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
 
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);
-        if (bwd_dq_writer_on<D>()) {
+        if (FA3C_BWD_WRITER_ON(D)) {
             mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
             mbar_init(&sm.dq_empty, 1);                       // the writer
         }
@@ -481,7 +455,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     if (warpgroup == 0) {
         reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
         if (threadIdx.x == 0) bwd_producer<D>(p, sm, head_kv, batch);
-        else if (bwd_dq_writer_on<D>() && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
+        else if (FA3C_BWD_WRITER_ON(D) && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
         if (p.softcap != 0.f) bwd_consumer<D, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);

@@ -39,7 +39,9 @@
  * (bwd_wide_sm90.cuh), where dK and dV of 64 keys already take 128 of a
  * consumer thread's registers. */
 #define FA3C_BWD_BLOCK_N(d) ((d) > 128 ? 64 : 128)
+#ifndef FA3C_BWD_STAGES
 #define FA3C_BWD_STAGES 2          /* Q / dO / LSE / dsum slots in the ring */
+#endif
 #define FA3C_BWD_CONSUMERS 2
 #define FA3C_BWD_THREADS (128 * (1 + FA3C_BWD_CONSUMERS))
 /* setmaxnreg budgets: 24 + 2 x 240 per thread-row is 64512 of the 65536. */
@@ -57,6 +59,31 @@
  * from 2k (docs/KNOBS.md); 0 builds the consumers' own reductions. */
 #ifndef FA3C_BWD_DQ_WRITER
 #define FA3C_BWD_DQ_WRITER 1
+#endif
+
+/* The wide kernel's dQ through smem and the writer, as
+ * FA3C_BWD_DQ_WRITER does for the narrow one: at hdim 192 only, where the
+ * 48 KB buffer fits beside two Q / dO stages (-8% of the kernel at 2k-16k,
+ * docs/KNOBS.md). At hdim 256 it would cost a stage, which loses far more
+ * than the writer gains; hdim 256 keeps the consumers' vector reductions. */
+#ifndef FA3C_BWD_WIDE_DQ_WRITER
+#define FA3C_BWD_WIDE_DQ_WRITER 1
+#endif
+/* Does the kernel of head dim d hand dQ to the writer (bwd_dq_writer)? Not
+ * hdim 64 with 64-row blocks, whose warpgroups add to the same elements. */
+#define FA3C_BWD_WRITER_ON(d)                                                        \
+    ((d) <= 128 ? FA3C_BWD_DQ_WRITER && !((d) == 64 && FA3C_BWD_BLOCK_M(64) == 64) \
+                : FA3C_BWD_WIDE_DQ_WRITER && (d) <= 192)
+/* First writes of dQ, for calls of at most this many queries per sequence
+ * at head dims 64-128 (0: never): with the writer (not deterministic), the
+ * first key block to reach a dQ tile stores it and the others add to it, so
+ * the preprocessing zeroes one flag per tile instead of the accumulator
+ * (91 -> 51 µs at 16k tokens, hdim 128, H100), and the key blocks' walks
+ * are staggered so that they seldom wait for a first store. The flags'
+ * atomics slow the main kernel by 3-4% (11% at hdim 192), more than the
+ * zeroing saves from 2k queries on (docs/KNOBS.md). */
+#ifndef FA3C_BWD_DQ_FIRST_WRITE
+#define FA3C_BWD_DQ_FIRST_WRITE 512
 #endif
 
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed,

@@ -12,8 +12,11 @@
 //                  dS = P ⊙ (dP - dsum)
 //                  P and dS to smem (queries x keys), a barrier, then over
 //                  all 64 keys and its share of the head-dim columns:
-//                  dQ = dS·K                            (dQ to an fp32 accumulator
-//                                                        in global memory, vector atomics)
+//                  dQ = dS·K                            (to an fp32 accumulator in
+//                                                        global memory: at hdim 192
+//                                                        through smem and the writer,
+//                                                        bwd_dq_writer; at 256 with
+//                                                        vector atomics)
 //                  dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS           (wgmma, both operands from smem)
 // dKᵀ and dVᵀ stay in registers for the whole walk (GQA: summed over the
 // group's heads), split by head-dim columns: warpgroup 0 holds columns
@@ -43,6 +46,10 @@ struct BwdWideSmem {
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
     BwdSeq seq;
+    // With the writer (FA3C_BWD_WRITER_ON: hdim 192), the block's dQ in
+    // tile order for it (bwd_dq_writer), and its barriers (written / read).
+    uint64_t dq_full, dq_empty;
+    alignas(128) float dq[FA3C_BWD_WRITER_ON(D) ? M * D : 4];
 };
 
 // What consumer warpgroup WG computes (compile-time, so that its
@@ -183,6 +190,23 @@ FA3C_DEVICE void add_wide_dq(float *tile, const float *dq) {
     }
 }
 
+// With the writer: the same into sm.dq (the writer's buffer; the
+// caller waited for it to be free), then this warp's arrival on dq_full.
+template <int D, int WG>
+FA3C_DEVICE void put_wide_dq(float *buf, uint64_t *dq_full, const float *dq) {
+    typedef WideShare<D, WG> S;
+    float *dst = buf + (threadIdx.x % 128) * 4;
+#pragma unroll
+    for (int j = 0; j < S::DQ_N / 8; j++) {
+        const int c = S::DQ_COL0 + 8 * j;
+        st_shared_f32x4(dst + (c / 64) * 4096 + ((c % 64) / 8) * 512, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
+                        dq[4 * j + 3]);
+    }
+    fence_proxy_async_smem();   // the bulk reduction reads it through the async proxy
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(dq_full);
+}
+
 // accᵀ (head-dim columns x keys) * scale to `out` (16-bit; element strides,
 // all even): keys in [own_lo, sk_stored) of the tile's 64 (from k_start),
 // at token tok0 + key (packed sequences: `batch` is 0 then).
@@ -231,7 +255,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
         }
     }
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
-    int m = m_begin, head = head_kv * p.group;
+    int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     for (int it = 0; it < steps; it++) {
         const int s = it % BWD_STAGES;
         mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
@@ -294,6 +318,9 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
                 __threadfence();
                 red_release_gpu_add(sem, 1);
             }
+        } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
+            if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
+            put_wide_dq<D, WG>(sm.dq, &sm.dq_full, dq);
         } else {
             add_wide_dq<D, WG>(tile, dq);
         }
@@ -302,7 +329,8 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty[s]);
-        if (++m == m_end) m = m_begin, head++;
+        if (++m == m_end) m = m_begin;   // the walk wraps (bwd_walk_start)
+        if (m == BWD_SEQ(sm, m_first)) head++;
     }
 #pragma unroll
     for (int t = 0; t < S::KV_TILES; t++) {
@@ -338,6 +366,10 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
 
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);
+        if (FA3C_BWD_WRITER_ON(D)) {
+            mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+            mbar_init(&sm.dq_empty, 1);                       // the writer
+        }
         fence_barrier_init();
     }
     __syncthreads();
@@ -347,6 +379,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
     if (warpgroup == 0) {
         reg_dealloc<FA3C_BWD_PRODUCER_REGS>();
         if (threadIdx.x == 0) bwd_producer<D>(p, sm, head_kv, batch);
+        else if (FA3C_BWD_WRITER_ON(D) && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
         if (warpgroup == 1) bwd_wide_consumer_of<D, FP16, 0>(p, sm, n_block, head_kv, batch);

@@ -409,6 +409,10 @@ FA3C_DEVICE void red_release_gpu_add(int *counter, int value) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(counter), "r"(value) : "memory");
 }
 
+FA3C_DEVICE void st_release_gpu(int *p, int value) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
+}
+
 FA3C_DEVICE int ld_acquire_gpu(const int *p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -445,6 +449,18 @@ FA3C_DEVICE void bulk_reduce_add_f32(float *dst, const float *src, uint32_t byte
                  "r"(smem_addr(src)), "r"(bytes)
                  : "memory");
 }
+
+// dst[0..bytes) = src[...] by the bulk copy engine, smem to global, as
+// bulk_reduce_add_f32 (alignment, completion).
+FA3C_DEVICE void bulk_store(void *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// Order this thread's async-proxy global accesses (completed bulk copies)
+// with its generic-proxy ones, both ways.
+FA3C_DEVICE void fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // ---- arithmetic --------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 //   - The backward's walk: over every key block's query blocks
 //     (bwd_query_blocks) and tile elements (fa3c_bwd_rows_start, seen_columns,
 //     the preprocessing's rule for shared and padding rows), each (query,
-//     key) pair the mask lets through is seen exactly once, and no other;
+//     key) pair the mask lets through is seen exactly once, and no other,
+//     in the staggered walk order (bwd_walk_block) too;
 //     with packed sequences, short ones, seqused_k, causal and windows.
 //   - The deterministic dQ's turns: the key blocks that see a query block are
 //     a contiguous range starting at first_key_block.
@@ -50,8 +51,9 @@ static int count_pair(int *count, int sk_stored, int q, int key, int own_q_lo, i
 // One sequence of the backward: sq queries, sk_stored keys of which sk used,
 // query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128) and key blocks
 // of block_n (128, or 64 for the wide kernel, wide = 1). Walks what the CTAs
-// of its key blocks would, and counts each (query, key) pair they see;
-// returns the number of errors.
+// of its key blocks would (staggered, as with the first-write flags:
+// bwd_walk_start), and counts each (query, key) pair they see; returns the
+// number of errors.
 static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed, int block_m,
                               int block_n, int wide) {
     const fa3c_problem pr = mask_problem(causal, wl, wr);
@@ -67,10 +69,24 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
     p.window_left = wl;
     p.window_right = causal ? 0 : wr;
     int *count = (int *)calloc((size_t)sq * sk_stored + 1, sizeof(int));
-    int errors = 0;
-    for (int n = 0; n * block_n < sk_stored; n++) {
-        const BwdSeq seq = bwd_sequence(p, n, 0, block_m, block_n);
-        for (int m = seq.m_begin; m < seq.m_end; m++) {
+    int errors = 0, flag = 0;
+    const int n_blocks = (sk_stored + block_n - 1) / block_n;
+    for (int n = 0; n < n_blocks; n++) {
+        BwdSeq seq = bwd_sequence(p, n, 0, block_m, block_n);
+        p.dq_written = &flag;   // the staggered walk
+        seq.m_first = bwd_walk_start(p, seq, n, n_blocks);
+        p.dq_written = NULL;
+        // The consumers' walk over a group of 3 heads (step by step, as
+        // bwd_sm90.cuh's loop) is the producer's and the writer's
+        // (bwd_walk_block, head = step / blocks).
+        const int blocks = seq.m_end - seq.m_begin;
+        for (int it = 0, m = seq.m_first, head = 0; it < 3 * blocks; it++) {
+            if (m != bwd_walk_block(it, seq.m_begin, seq.m_end, seq.m_first) || head != it / blocks) errors++;
+            if (++m == seq.m_end) m = seq.m_begin;
+            if (m == seq.m_first) head++;
+        }
+        for (int i = 0; i < blocks; i++) {
+            const int m = bwd_walk_block(i, seq.m_begin, seq.m_end, seq.m_first);
             const int q0 = fa3c_bwd_rows_start(m, block_m, seq.sq, seq.q_packed);
             for (int quad = 0; quad < 4; quad++) {
                 if (!wide) {
