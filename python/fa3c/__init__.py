@@ -12,6 +12,10 @@ autograd and torch.compile support (custom ops fa3c::fwd / fa3c::bwd); torch
 CPU tensors and numpy arrays (ml_dtypes for bfloat16 / float8_e4m3fn) run on
 the CPU backend. torch is optional: `import fa3c` needs only numpy.
 
+FA3 code runs unchanged after fa3c.install_flash_attn_interface(), which makes
+`import flash_attn_interface` give fa3c.flash_attn_interface (an installed FA3
+is not shadowed unless force=True).
+
 The library is found through FA3C_LIBRARY=/path/to/libfa3c.so if set, else the
 libfa3c.so installed inside this package.
 """
@@ -22,15 +26,18 @@ from ._lib import (Fa3cError, cuda_available, e4m3_to_float, float_to_e4m3, last
                    STATUS_OK, STATUS_INVALID_ARGUMENT, STATUS_NOT_SUPPORTED,
                    STATUS_OUT_OF_MEMORY, STATUS_NO_DEVICE, STATUS_CUDA_ERROR,
                    STATUS_INTERNAL_ERROR)
-from .interface import (backward, flash_attn_func, flash_attn_qkvpacked_func,
+from .interface import (backward, flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_with_kvcache, forward,
-                        prepare_backward, prepare_forward)
+                        get_scheduler_metadata, prepare_backward, prepare_forward)
+from ._dropin import install_flash_attn_interface
 
 from ._lib import PACKAGE_VERSION as __version__
 
 __all__ = [
     "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
-    "flash_attn_with_kvcache", "forward", "backward", "prepare_forward", "prepare_backward",
+    "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata",
+    "install_flash_attn_interface",
+    "forward", "backward", "prepare_forward", "prepare_backward",
     "Fa3cError", "version",
     "cuda_available", "library_path", "last_error", "status_string",
     "float_to_e4m3", "e4m3_to_float",

@@ -1,8 +1,11 @@
 """The FA3 `flash_attn_interface` functions, on fa3c.
 
 Names, argument order, defaults and return values follow the official
-FlashAttention-3 hopper/flash_attn_interface.py. Arguments fa3c has no
+FlashAttention-3 hopper/flash_attn_interface.py: its four attention functions,
+flash_attn_combine and get_scheduler_metadata. Arguments fa3c has no
 equivalent for raise NotImplementedError when set to a non-default value.
+fa3c.flash_attn_interface gathers them into a module that can stand in for
+FA3's (fa3c.install_flash_attn_interface).
 
 q, k, v may be torch tensors (CUDA: CUDA backend, on the current stream;
 CPU: CPU backend; differentiable) or numpy arrays (CPU backend; float32,
@@ -181,13 +184,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     bottom-right aligned per sequence). If k, v (batch, seqlen_new, heads_kv, headdim) are
     given they are first written into the cache at cache_seqlens, in place;
     cu_seqlens_k_new (packed new keys) is not supported, and is ignored without k, v, as
-    in FA3. No backward. Returns out, or (out, softmax_lse): (batch, heads, seqlen_q), or
-    (heads, total_q) with cu_seqlens_q."""
+    in FA3. scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
+    and are ignored. No backward. Returns out, or with return_softmax_lse=True FA3's
+    4-tuple (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse is (batch, heads,
+    seqlen_q), or (heads, total_q) with cu_seqlens_q; out_accum and softmax_lse_accum are
+    FA3's split-KV partials, which fa3c merges inside the call, so they are always empty
+    float32 arrays, as FA3 returns them when it does not split."""
     _common_unsupported(qv, attention_chunk, sm_margin)
     _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
                  cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                 rotary_seqlens=(rotary_seqlens, None),
-                 scheduler_metadata=(scheduler_metadata, None))
+                 rotary_seqlens=(rotary_seqlens, None))
     if (k is None) != (v is None):
         raise _core.bad("give both k and v to append to the cache, or neither")
     if k is not None and cu_seqlens_k_new is not None:
@@ -225,7 +231,74 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         out, lse = _torch().attention(q, k_cache, v_cache, **kw)
     else:
         out, lse = _numpy_attention(q, k_cache, v_cache, **kw)
-    return (out, lse) if return_softmax_lse else out
+    if not return_softmax_lse:
+        return out
+    return (out, lse) + _no_split_partials(out)
+
+
+def _no_split_partials(out):
+    """FA3's (out_accum, softmax_lse_accum) of a call that did not split: two empty float32
+    arrays where out lives."""
+    if _is_torch(out):
+        torch = sys.modules["torch"]
+        return tuple(torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))
+    import numpy as np
+    return tuple(np.empty(0, dtype=np.float32) for _ in range(2))
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Merge attention computed over disjoint parts of the keys (split-KV, or chunks of a
+    cache run separately): out_partial (num_splits, batch, seqlen, heads, headdim) and
+    lse_partial (num_splits, batch, seqlen, heads), float32. Returns (out, softmax_lse):
+    out (batch, seqlen, heads, headdim) in out_dtype (default: out_partial's dtype), written
+    into out when given, and softmax_lse float32 (batch, seqlen, heads). A row whose parts
+    all have lse -inf (no keys) gets zeros and -inf. Array math in torch or numpy; no
+    libfa3c call."""
+    if tuple(lse_partial.shape) != tuple(out_partial.shape[:-1]):
+        raise _core.bad("lse_partial must have shape out_partial.shape[:-1] = %s (got %s)"
+                        % (tuple(out_partial.shape[:-1]), tuple(lse_partial.shape)))
+    if _is_torch(out_partial):
+        torch = sys.modules["torch"]
+        lp = lse_partial.float()
+        lse = torch.logsumexp(lp, dim=0)
+        # exp(-inf - -inf) is NaN: parts of a row without keys weigh nothing
+        w = torch.exp(lp - lse).masked_fill(lse == float("-inf"), 0.0)
+        res = (w.unsqueeze(-1) * out_partial.float()).sum(0)
+        res = res.to(out_partial.dtype if out_dtype is None else out_dtype)
+    else:
+        import numpy as np
+        lp = np.asarray(lse_partial, dtype=np.float32)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lse = np.logaddexp.reduce(lp, axis=0)
+            w = np.where(lse == -np.inf, np.float32(0), np.exp(lp - lse))
+        res = (w[..., None] * np.asarray(out_partial, dtype=np.float32)).sum(0)
+        res = res.astype(out_partial.dtype if out_dtype is None else out_dtype)
+    if out is not None:
+        out[...] = res
+        res = out
+    return res, lse
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens, qkv_dtype=None, headdim_v=None,
+                           cu_seqlens_q=None, cu_seqlens_k_new=None, cache_leftpad=None,
+                           page_size=None, max_seqlen_k_new=0, causal=False,
+                           window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """FA3 precomputes a kv-cache call's schedule here to pass as scheduler_metadata; fa3c
+    schedules each call itself, so there is nothing to precompute: returns an empty int32
+    array where cache_seqlens lives, which flash_attn_with_kvcache accepts (and ignores).
+    qkv_dtype (FA3's default: torch.bfloat16) and the sizes are not needed. Arguments fa3c
+    cannot honour in the call raise NotImplementedError here already."""
+    _common_unsupported(None, attention_chunk, sm_margin)
+    _unsupported(cache_leftpad=(cache_leftpad, None))
+    if headdim_v is not None and headdim_v != headdim:
+        raise NotImplementedError("fa3c: headdim_v=%r is not supported (only headdim)" % headdim_v)
+    if _is_torch(cache_seqlens):
+        torch = sys.modules["torch"]
+        return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
+    import numpy as np
+    return np.empty(0, dtype=np.int32)
 
 
 # ---- low-level calls: no autograd, any backend -------------------------------------

@@ -168,7 +168,7 @@ def test_kvcache(rng):
     q = randn(rng, (b, 1, hq, d), np.float32)
     kc, vc = randn(rng, (b, cap, hkv, d), np.float32), randn(rng, (b, cap, hkv, d), np.float32)
     lens = np.array([7, 40, 1], dtype=np.int32)
-    out, lse = fa3c.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, return_softmax_lse=True)
+    out, lse, *_ = fa3c.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, return_softmax_lse=True)
     for i in range(b):
         want, want_lse = ref.fwd(q[i:i + 1], kc[i:i + 1, :lens[i]], vc[i:i + 1, :lens[i]], None, True)
         assert_accurate(out[i:i + 1], want, want, 1e-5, "kvcache seq %d" % i)
@@ -208,9 +208,9 @@ def test_kvcache_packed_queries_paged(rng, page_size):
     knew, vnew = randn(rng, (b, 2, hkv, d), np.float32), randn(rng, (b, 2, hkv, d), np.float32)
     for append in (False, True):
         kw = dict(k=knew, v=vnew) if append else {}
-        out, lse = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=page_table,
-                                                cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
-                                                return_softmax_lse=True, **kw)
+        out, lse, *_ = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, page_table=page_table,
+                                                    cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
+                                                    return_softmax_lse=True, **kw)
         assert out.shape == q.shape and lse.shape == (hq, cu_q[-1])
         used = lens + (2 if append else 0)
         for i in range(b):

@@ -375,9 +375,9 @@ def test_gpu_kvcache_packed_queries_paged(page_size, num_splits):
     page_table = torch.randperm(npages, device="cuda").to(torch.int32).view(b, pages_per_seq)
     q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=torch.bfloat16)
     try:
-        out, lse = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=cache_seqlens, page_table=page_table,
-                                                cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
-                                                num_splits=num_splits, return_softmax_lse=True)
+        out, lse, *_ = fa3c.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=cache_seqlens, page_table=page_table,
+                                                    cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=True,
+                                                    num_splits=num_splits, return_softmax_lse=True)
     except fa3c.Fa3cError as e:
         if e.status == fa3c.STATUS_NOT_SUPPORTED:
             pytest.skip("CUDA backend without the variable-length kernels: %s" % e)
