@@ -101,6 +101,14 @@ typedef struct fa3c_problem {
     int64_t page_table_stride;
     int page_size;
     int num_pages;         /* pages in k and v; page_table entries must be < num_pages */
+    /* Optional (NULL = none): a learned attention sink per query head
+     * (heads_q float32, as gpt-oss): one more logit, in the units of the
+     * scaled (and softcapped) scores, in every row's softmax, with no value
+     * row, so out = Σ_j p_j v_j with p = softmax([scores, sink]) over the
+     * visible keys and the sink, and lse includes it (a row that sees no key
+     * gets out = 0 and lse = sink). CPU backends only so far: the CUDA
+     * backend returns NOT_SUPPORTED. */
+    const float *sinks;
 } fa3c_problem;
 
 typedef struct fa3c_fwd_params {
@@ -124,6 +132,10 @@ typedef struct fa3c_bwd_params {
     fa3c_tensor q, k, v, out, dout; /* inputs (out and lse from the forward) */
     const float *lse;               /* as written by the forward; required */
     fa3c_tensor dq, dk, dv;         /* outputs; dk, dv have heads_kv heads */
+    /* Optional output with problem.sinks (NULL = not written): float32
+     * gradient of each head's sink, heads_q values, summed over the batch
+     * and rows: dsinks[h] = -Σ exp(sink[h] - lse) · rowsum(dout ⊙ out). */
+    float *dsinks;
     int deterministic;              /* 1 = bitwise reproducible run to run */
     fa3c_backend backend;
 } fa3c_bwd_params;

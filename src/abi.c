@@ -21,7 +21,7 @@ static const layout_entry layout[] = {
     FIELD(fa3c_problem, window_left), FIELD(fa3c_problem, window_right), FIELD(fa3c_problem, softcap),
     FIELD(fa3c_problem, cu_seqlens_q), FIELD(fa3c_problem, cu_seqlens_k), FIELD(fa3c_problem, seqused_k),
     FIELD(fa3c_problem, page_table), FIELD(fa3c_problem, page_table_stride), FIELD(fa3c_problem, page_size),
-    FIELD(fa3c_problem, num_pages),
+    FIELD(fa3c_problem, num_pages), FIELD(fa3c_problem, sinks),
     SIZE(fa3c_fwd_params), FIELD(fa3c_fwd_params, problem), FIELD(fa3c_fwd_params, q), FIELD(fa3c_fwd_params, k),
     FIELD(fa3c_fwd_params, v), FIELD(fa3c_fwd_params, out), FIELD(fa3c_fwd_params, lse),
     FIELD(fa3c_fwd_params, q_descale), FIELD(fa3c_fwd_params, k_descale), FIELD(fa3c_fwd_params, v_descale),
@@ -29,7 +29,7 @@ static const layout_entry layout[] = {
     SIZE(fa3c_bwd_params), FIELD(fa3c_bwd_params, problem), FIELD(fa3c_bwd_params, q), FIELD(fa3c_bwd_params, k),
     FIELD(fa3c_bwd_params, v), FIELD(fa3c_bwd_params, out), FIELD(fa3c_bwd_params, dout),
     FIELD(fa3c_bwd_params, lse), FIELD(fa3c_bwd_params, dq), FIELD(fa3c_bwd_params, dk), FIELD(fa3c_bwd_params, dv),
-    FIELD(fa3c_bwd_params, deterministic), FIELD(fa3c_bwd_params, backend),
+    FIELD(fa3c_bwd_params, dsinks), FIELD(fa3c_bwd_params, deterministic), FIELD(fa3c_bwd_params, backend),
 };
 #undef SIZE
 #undef FIELD

@@ -37,6 +37,7 @@ typedef struct call_desc {
     int ntensors;
     const float *lse;
     const float *descale[3]; /* forward only */
+    float *dsinks;           /* backward only */
     fa3c_backend backend;
 } call_desc;
 
@@ -231,6 +232,8 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     k = add_array(m, k, "problem.page_table", pr->page_table, pages, 4, 0);
     for (int i = 0; i < 3; i++)
         k = add_array(m, k, descale_names[i], c->descale[i], (int64_t)pr->batch * pr->heads_kv, 4, 0);
+    k = add_array(m, k, "problem.sinks", pr->sinks, pr->heads_q, 4, 0);
+    k = add_array(m, k, "dsinks", c->dsinks, pr->heads_q, 4, 1);
     return k;
 }
 
@@ -523,7 +526,9 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
         (s = check_host_array_ptr("problem.cu_seqlens_q", c->pr->cu_seqlens_q, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.cu_seqlens_k", c->pr->cu_seqlens_k, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.seqused_k", c->pr->seqused_k, 4)) != FA3C_STATUS_OK ||
-        (s = check_host_array_ptr("problem.page_table", c->pr->page_table, 4)) != FA3C_STATUS_OK)
+        (s = check_host_array_ptr("problem.page_table", c->pr->page_table, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.sinks", c->pr->sinks, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("dsinks", c->dsinks, 4)) != FA3C_STATUS_OK)
         return s;
     for (int i = 0; i < 3; i++)
         if ((s = check_host_array_ptr(descale_names[i], c->descale[i], 4)) != FA3C_STATUS_OK) return s;
@@ -622,6 +627,8 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     if ((s = check_problem_scalars(pr, 1)) != FA3C_STATUS_OK) return s;
     if (p->deterministic != 0 && p->deterministic != 1)
         return fa3c_error(BAD, "deterministic: must be 0 or 1 (got %d)", p->deterministic);
+    if (p->dsinks && !pr->sinks)
+        return fa3c_error(BAD, "dsinks: given without problem.sinks (the gradient of sinks the call does not have)");
     *out = *p;
     if (problem_is_empty(pr, 1)) {
         if ((s = check_backend_value(p->backend)) != FA3C_STATUS_OK) return s;
@@ -630,7 +637,7 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     if (!p->lse) return fa3c_error(BAD, "lse: is NULL; the backward needs the forward's log-sum-exp");
 
     int es = dtype_size(pr->dtype);
-    call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 8};
+    call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .dsinks = p->dsinks, .backend = p->backend, .ntensors = 8};
     c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, es, 0};
     c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, es, 0};
     c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, es, 0};

@@ -65,6 +65,12 @@ static inline int64_t fa3c_lse_index(const fa3c_problem *pr, int b, int h, int i
     return ((int64_t)b * pr->heads_q + h) * pr->seqlen_q + i;
 }
 
+/* Head h's sink logit (problem.sinks), -inf without sinks: one more term
+ * exp(sink) in every row's softmax denominator, with no value row. */
+static inline float fa3c_sink(const fa3c_problem *pr, int h) {
+    return pr->sinks ? pr->sinks[h] : -INFINITY;
+}
+
 /* Score transform shared by every backend: scale, then optional softcap. */
 static inline double fa3c_score(const fa3c_problem *pr, double qk) {
     double s = qk * pr->softmax_scale;

@@ -61,6 +61,7 @@ class Problem(ctypes.Structure):
         ("page_table_stride", ctypes.c_int64),
         ("page_size", ctypes.c_int),
         ("num_pages", ctypes.c_int),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -84,6 +85,7 @@ class BwdParams(ctypes.Structure):
         ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("dout", Tensor),
         ("lse", ctypes.c_void_p),
         ("dq", Tensor), ("dk", Tensor), ("dv", Tensor),
+        ("dsinks", ctypes.c_void_p),
         ("deterministic", ctypes.c_int),
         ("backend", ctypes.c_int),
     ]

@@ -44,6 +44,7 @@ typedef struct {
     int *blo, *bhi;    /* [nqb] union of the rows' ranges */
     int *fmax_lo, *fmin_hi; /* [nqb] max lo, min hi over all BM rows: a tile needs no mask when inside */
     float *dqacc;      /* [nchunk][nqb][hq][BM][dp] */
+    double *dsink;     /* [nqb][hq] each block's share of dsinks (NULL without dsinks) */
 } bwd_ctx;
 
 typedef struct {
@@ -74,6 +75,8 @@ FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
     float *lse = c->lse + ((size_t)k * pr->heads_q + h) * BM, *D = c->D + ((size_t)k * pr->heads_q + h) * BM;
     for (int ch = 0; ch < c->nchunk; ch++) /* this block's dQ accumulators */
         memset(c->dqacc + (size_t)ch * c->nqb * pr->heads_q * BM * dp + blk_off(c, k, h), 0, sizeof(float) * BM * dp);
+    const double sink = fa3c_sink(pr, h);
+    double dsink = 0;   /* Σ_rows -p_sink · D: the sink's probability is exp(sink - lse) */
     for (int r = 0; r < BM; r++) {
         float *qr = Q + (int64_t)r * dp, *dr = dO + (int64_t)r * dp;
         if (r < nrows) {
@@ -86,6 +89,7 @@ FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
             D[r] = s;
             const float l = p->lse[fa3c_lse_index(pr, b, h, i)];
             lse[r] = l == -INFINITY ? INFINITY : l; /* fully masked row: exp(s - inf) = 0; a NaN stays NaN */
+            if (c->dsink && sink != -INFINITY) dsink -= exp(sink - l) * D[r];   /* a -inf sink has p = 0 */
         } else {
             memset(qr, 0, sizeof(float) * dp);
             memset(dr, 0, sizeof(float) * dp);
@@ -93,6 +97,7 @@ FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
             D[r] = 0;
         }
     }
+    if (c->dsink) c->dsink[(size_t)k * pr->heads_q + h] = dsink;
 }
 
 /* Keys j0 .. j0+nk-1 of (b, hk) into K, Kt, Vt, zero-padded to BN. */
@@ -236,6 +241,7 @@ static void free_ws(bwd_ws *w) {
 static void free_ctx(bwd_ctx *c) {
     free(c->qblk); free(c->qfirst); free(c->Qf); free(c->dOf); free(c->lse); free(c->D);
     free(c->rlo); free(c->rhi); free(c->blo); free(c->bhi); free(c->fmax_lo); free(c->fmin_hi); free(c->dqacc);
+    free(c->dsink);
 }
 
 /* Query blocks, their key ranges, and the packed buffers. */
@@ -271,8 +277,9 @@ static int setup(bwd_ctx *c) {
     c->bhi = (int *)malloc(sizeof(int) * n1);
     c->fmax_lo = (int *)malloc(sizeof(int) * n1);
     c->fmin_hi = (int *)malloc(sizeof(int) * n1);
+    if (c->p->dsinks) c->dsink = (double *)malloc(sizeof(double) * n1 * pr->heads_q);
     if (!c->qblk || !c->Qf || !c->dOf || !c->dqacc || !c->lse || !c->D || !c->rlo || !c->rhi || !c->blo || !c->bhi ||
-        !c->fmax_lo || !c->fmin_hi)
+        !c->fmax_lo || !c->fmin_hi || (c->p->dsinks && !c->dsink))
         return 0;
     int64_t k = 0;
     for (int b = 0; b < pr->batch; b++) {
@@ -345,6 +352,12 @@ fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
         }
         free_ws(&w);
     }
+    if (!oom && p->dsinks)   /* the blocks' shares in block order: the same bits on every run */
+        for (int h = 0; h < pr->heads_q; h++) {
+            double sum = 0;
+            for (int64_t k = 0; k < c.nqb; k++) sum += c.dsink[(size_t)k * pr->heads_q + h];
+            p->dsinks[h] = (float)sum;
+        }
     free_ctx(&c);
     if (oom) return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "cpu backward: out of host memory for tiles");
     return FA3C_STATUS_OK;

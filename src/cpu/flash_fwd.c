@@ -148,14 +148,20 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
         gemm(BM, dp, BN, w->S, BN, w->V, dp, w->O, dp, 1, alpha);
     }
 
+    const float sink = fa3c_sink(pr, h);
     for (int r = 0; r < nrows; r++) {
         const int64_t oo = fa3c_q_offset(pr, &p->out, b, i0 + r, h);
         float *orow = w->O + (int64_t)r * dp;
         float lse;
-        if (lo[r] > hi[r]) { /* fully masked row (by the key range, never by the sum): zeros and -inf */
+        const float mx = nan_max(m[r], sink);
+        if (lo[r] > hi[r]) { /* fully masked row (by the key range, never by the sum): zeros and -inf (or the sink) */
             memset(orow, 0, sizeof(float) * d);
             store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);
-            lse = -INFINITY;
+            lse = sink;
+        } else if (pr->sinks && mx != -INFINITY) { /* the sink joins the denominator only */
+            const float a = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx), denom = l[r] * a + expf(sink - mx);
+            store_row_f(p->out.data, c->odt, oo, orow, d, a / denom);
+            lse = mx + logf(denom);
         } else if (l[r] == 0) { /* keys seen, every score -inf: the reference's exp(-inf - -inf) is NaN */
             for (int x = 0; x < d; x++) orow[x] = NAN;
             store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);

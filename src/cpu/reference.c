@@ -80,18 +80,19 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
                 int lo, hi;
                 fa3c_key_range(pr, i, sq, sk, &lo, &hi);
                 const int64_t oo = fa3c_q_offset(pr, &p->out, b, i, h);
-                if (lo > hi) { /* fully masked: zeros and -inf */
+                const double sink = fa3c_sink(pr, h);
+                if (lo > hi) { /* fully masked: zeros, and -inf (or the sink: its softmax is the sink alone) */
                     for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, odt, oo + c, 0.0f);
-                    if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = -INFINITY;
+                    if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = (float)sink;
                     continue;
                 }
                 load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, qd);
-                double m = -INFINITY;
+                double m = pr->sinks ? sink : -INFINITY;
                 for (int j = lo; j <= hi; j++) {
                     s[j - lo] = fa3c_score(pr, dot(q, kk + (int64_t)j * d, d));
                     if (s[j - lo] > m) m = s[j - lo];
                 }
-                double sum = 0;
+                double sum = pr->sinks ? exp(sink - m) : 0;
                 for (int c = 0; c < d; c++) acc[c] = 0;
                 for (int j = lo; j <= hi; j++) {
                     double e = exp(s[j - lo] - m);
@@ -153,15 +154,16 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                 int lo, hi;
                 fa3c_key_range(pr, i, sq, sk, &lo, &hi);
                 const int64_t oo = fa3c_q_offset(pr, &p->out, b, i, h);
+                const float sink = fa3c_sink(pr, h);
                 if (lo > hi) {
                     for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, rd, oo + c, 0.0f);
-                    if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = -INFINITY;
+                    if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = sink;
                     continue;
                 }
                 const int64_t qo = fa3c_q_offset(pr, &p->q, b, i, h);
                 for (int c = 0; c < d; c++)
                     q[c] = fa3c_round_to(rd, fa3c_round_to(rd, fa3c_load_f(p->q.data, dt, qo + c) * qd) * scale);
-                float m = -INFINITY;
+                float m = pr->sinks ? sink : -INFINITY;
                 for (int j = lo; j <= hi; j++) {
                     const float *kr = kk + (int64_t)j * d;
                     float x = 0;
@@ -171,7 +173,7 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                     s[j - lo] = x;
                     if (x > m) m = x;
                 }
-                float sum = 0;
+                float sum = pr->sinks ? expf(sink - m) : 0;
                 for (int j = lo; j <= hi; j++) {
                     s[j - lo] = expf(s[j - lo] - m);
                     sum += s[j - lo];
@@ -199,8 +201,10 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
  * Per row i of head h:  s_j = score(q_i·k_j), p = softmax(s) (recomputed in
  * double, not read from lse), o_i = Σ p_j v_j, D_i = dO_i·o_i,
  * dS_ij = p_ij (dO_i·v_j − D_i), times 1 − (s_ij/cap)² under softcap (tanh'),
- * dq_i = scale Σ_j dS_ij k_j, dk_j += scale dS_ij q_i, dv_j += p_ij dO_i.
- * One task per (batch, kv head) owns dk/dv of that head, summed over its GQA group. */
+ * dq_i = scale Σ_j dS_ij k_j, dk_j += scale dS_ij q_i, dv_j += p_ij dO_i;
+ * with sinks, p is softmax([s, sink]) and dsink_h = -Σ_i p_i,sink D_i.
+ * One task per (batch, kv head) owns dk/dv of that head, summed over its GQA
+ * group, and its heads' shares of dsinks (summed over the batch after). */
 fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
     const fa3c_problem P = prepared(&p->problem);
     const fa3c_problem *pr = &P;
@@ -212,6 +216,8 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
     const double scale = pr->softmax_scale, cap = pr->softcap;
     const int64_t ntask = (int64_t)pr->batch * pr->heads_kv;
     int oom = 0;
+    double *dsink = p->dsinks ? (double *)calloc((size_t)pr->batch * pr->heads_q, sizeof(double)) : NULL;
+    if (p->dsinks && !dsink) return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "cpu reference backward: out of host memory");
 
 #pragma omp parallel
     {
@@ -247,12 +253,13 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
                     }
                     load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, 1.0);
                     load_row(dov, &p->dout, dt, fa3c_q_offset(pr, &p->dout, b, i, h), d, 1.0);
-                    double m = -INFINITY;
+                    const double sink = fa3c_sink(pr, h);
+                    double m = pr->sinks ? sink : -INFINITY;
                     for (int j = lo; j <= hi; j++) {
                         s[j - lo] = fa3c_score(pr, dot(q, kk + (int64_t)j * d, d));
                         if (s[j - lo] > m) m = s[j - lo];
                     }
-                    double sum = 0;
+                    double sum = pr->sinks ? exp(sink - m) : 0;
                     for (int j = lo; j <= hi; j++) sum += (pp[j - lo] = exp(s[j - lo] - m));
                     for (int c = 0; c < d; c++) o[c] = dq[c] = 0;
                     for (int j = lo; j <= hi; j++) {
@@ -260,6 +267,7 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
                         for (int c = 0; c < d; c++) o[c] += pp[j - lo] * vv[(int64_t)j * d + c];
                     }
                     const double D = dot(dov, o, d);
+                    if (dsink) dsink[(int64_t)b * pr->heads_q + h] -= exp(sink - m) / sum * D;
                     for (int j = lo; j <= hi; j++) {
                         const double pj = pp[j - lo];
                         double ds = pj * (dot(dov, vv + (int64_t)j * d, d) - D);
@@ -288,6 +296,13 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
         free(dv);
         free(s);
     }
+    if (dsink && !oom)
+        for (int h = 0; h < pr->heads_q; h++) {
+            double sum = 0;
+            for (int b = 0; b < pr->batch; b++) sum += dsink[(int64_t)b * pr->heads_q + h];
+            p->dsinks[h] = (float)sum;
+        }
+    free(dsink);
     if (oom) return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "cpu reference backward: out of host memory");
     return FA3C_STATUS_OK;
 }

@@ -127,6 +127,9 @@ static const char *dtype_name(fa3c_dtype d) {
 
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     const fa3c_problem *pr = &p->problem;
+    if (pr->sinks)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: attention sinks run on the CPU backends only so "
+                          "far (the CUDA kernels do not take them yet)");
     if (pr->dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8_supported(p);   /* fp8_host.c */
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16, e4m3)",

@@ -1293,6 +1293,9 @@ TEST(fwd_not_supported_is_reported) {
     x = p;
     x.problem.dtype = FA3C_DTYPE_FP32;
     expect_not_supported("fp32", x, "fp32");
+    x = p;   // sinks: CPU backends only so far (a device array, past the tensors)
+    x.problem.sinks = (const float *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
+    expect_not_supported("sinks", x, "sinks");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
     int32_t host_arrays[16] = {0, S};   // the rest: page 0
