@@ -82,7 +82,7 @@ typedef struct fa3c_problem {
     int seqlen_k;          /* with cu_seqlens_k / page_table: the maximum over the batch */
     int heads_q;
     int heads_kv;          /* heads_q % heads_kv == 0 (GQA / MQA) */
-    int headdim;           /* 8..256, a multiple of 8 */
+    int headdim;           /* of q and k (and dq, dk): 8..256, a multiple of 8 */
     float softmax_scale;   /* 0 means 1/sqrt(headdim) */
     int causal;            /* bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q */
     int window_left;       /* sliding window, -1 = unbounded; query i sees keys in */
@@ -109,6 +109,11 @@ typedef struct fa3c_problem {
      * gets out = 0 and lse = sink). CPU backends only so far: the CUDA
      * backend returns NOT_SUPPORTED. */
     const float *sinks;
+    /* Head dim of v, out, dout and dv when it differs from headdim (MLA:
+     * q, k 192 with v 128): 8..512, a multiple of 8; 0 = headdim. CPU
+     * backends only so far: the CUDA backend returns NOT_SUPPORTED for
+     * headdim_v != headdim. */
+    int headdim_v;
 } fa3c_problem;
 
 typedef struct fa3c_fwd_params {

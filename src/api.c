@@ -27,6 +27,7 @@ typedef struct tensor_arg {
     int heads;
     int elem_size;
     int is_output;
+    int dim;     /* its head dim: problem.headdim, or headdim_v for v, out, dout, dv */
 } tensor_arg;
 
 /* One call, forward or backward, described uniformly. */
@@ -102,6 +103,9 @@ static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
                           pr->heads_q, pr->heads_kv);
     if (pr->headdim < 8 || pr->headdim > 256 || pr->headdim % 8 != 0)
         return fa3c_error(BAD, "problem.headdim: must be a multiple of 8 in [8, 256] (got %d)", pr->headdim);
+    if (pr->headdim_v != 0 && (pr->headdim_v < 8 || pr->headdim_v > 512 || pr->headdim_v % 8 != 0))
+        return fa3c_error(BAD, "problem.headdim_v: must be 0 (= headdim) or a multiple of 8 in [8, 512] (got %d)",
+                          pr->headdim_v);
     if (!isfinite(pr->softmax_scale) || pr->softmax_scale < 0)
         return fa3c_error(BAD, "problem.softmax_scale: must be finite and >= 0, 0 meaning 1/sqrt(headdim) (got %g)",
                           (double)pr->softmax_scale);
@@ -334,7 +338,7 @@ static void tensor_dims(const call_desc *c, const tensor_arg *a, int host_arrays
     const fa3c_problem *pr = c->pr;
     for (int d = 0; d < 4; d++) s[d] = a->t->stride[d];
     n[2] = a->heads;
-    n[3] = pr->headdim;
+    n[3] = a->dim;
     const int32_t *cu = a->rows == ROWS_Q ? pr->cu_seqlens_q : pr->cu_seqlens_k;
     int maxlen = a->rows == ROWS_Q ? pr->seqlen_q : pr->seqlen_k;
     if (a->rows == ROWS_K && pr->page_table) {
@@ -576,10 +580,11 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
     int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
     call_desc c = {.is_bwd = 0, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 4,
                    .descale = {p->q_descale, p->k_descale, p->v_descale}};
-    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, in, 0};
-    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, in, 0};
-    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, in, 0};
-    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, out_size, 1};
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr);
+    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, in, 0, d};
+    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, in, 0, d};
+    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, in, 0, dv};
+    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, out_size, 1, dv};
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
 
@@ -638,14 +643,15 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
 
     int es = dtype_size(pr->dtype);
     call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .dsinks = p->dsinks, .backend = p->backend, .ntensors = 8};
-    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, es, 0};
-    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, es, 0};
-    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, es, 0};
-    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, es, 0};
-    c.tensors[4] = (tensor_arg){"dout", &p->dout, ROWS_Q, pr->heads_q, es, 0};
-    c.tensors[5] = (tensor_arg){"dq", &p->dq, ROWS_Q, pr->heads_q, es, 1};
-    c.tensors[6] = (tensor_arg){"dk", &p->dk, ROWS_DK, pr->heads_kv, es, 1};
-    c.tensors[7] = (tensor_arg){"dv", &p->dv, ROWS_DK, pr->heads_kv, es, 1};
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr);
+    c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, es, 0, d};
+    c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, es, 0, d};
+    c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, es, 0, dv};
+    c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, es, 0, dv};
+    c.tensors[4] = (tensor_arg){"dout", &p->dout, ROWS_Q, pr->heads_q, es, 0, dv};
+    c.tensors[5] = (tensor_arg){"dq", &p->dq, ROWS_Q, pr->heads_q, es, 1, d};
+    c.tensors[6] = (tensor_arg){"dk", &p->dk, ROWS_DK, pr->heads_kv, es, 1, d};
+    c.tensors[7] = (tensor_arg){"dv", &p->dv, ROWS_DK, pr->heads_kv, es, 1, dv};
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
     /* Well-formed but unsupported: only after every malformed case has been named. */

@@ -65,6 +65,11 @@ static inline int64_t fa3c_lse_index(const fa3c_problem *pr, int b, int h, int i
     return ((int64_t)b * pr->heads_q + h) * pr->seqlen_q + i;
 }
 
+/* The head dim of v, out, dout and dv (problem.headdim_v, 0 = headdim). */
+static inline int fa3c_headdim_v(const fa3c_problem *pr) {
+    return pr->headdim_v ? pr->headdim_v : pr->headdim;
+}
+
 /* Head h's sink logit (problem.sinks), -inf without sinks: one more term
  * exp(sink) in every row's softmax denominator, with no value row. */
 static inline float fa3c_sink(const fa3c_problem *pr, int h) {

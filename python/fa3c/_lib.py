@@ -62,6 +62,7 @@ class Problem(ctypes.Structure):
         ("page_size", ctypes.c_int),
         ("num_pages", ctypes.c_int),
         ("sinks", ctypes.c_void_p),
+        ("headdim_v", ctypes.c_int),
     ]
 
 

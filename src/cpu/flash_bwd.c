@@ -34,11 +34,12 @@ typedef struct {
     const fa3c_bwd_params *p;
     fa3c_problem pr;
     int d, dp, group, nchunk;
+    int dv, dvp;       /* v's, out's, dout's and dv's head dim (headdim_v), padded */
     fa3c_dtype dt;
     int64_t nqb;       /* query blocks over all batches */
     int *qblk;         /* [nqb][2]: (batch, first row) */
     int64_t *qfirst;   /* [batch + 1]: first query block of each batch */
-    float *Qf, *dOf;   /* [nqb][hq][BM][dp] float, zero-padded */
+    float *Qf, *dOf;   /* [nqb][hq][BM][dp] float, zero-padded ([dvp] for dO) */
     float *lse, *D;    /* [nqb][hq][BM]; lse = +inf for rows with no mass (P = 0) */
     int *rlo, *rhi;    /* [nqb][BM] visible keys per row (empty for padding rows) */
     int *blo, *bhi;    /* [nqb] union of the rows' ranges */
@@ -49,12 +50,12 @@ typedef struct {
 
 typedef struct {
     float *K;        /* [BN][dp] key block */
-    float *Kt, *Vt;  /* [dp][BN] transposed key and value blocks */
+    float *Kt, *Vt;  /* [dp][BN], [dvp][BN]: transposed key and value blocks */
     float *S, *dP;   /* [BM][BN]: scores -> P, dP -> dS */
     float *G;        /* [BM][BN] tanh' factor (softcap only) */
     float *T;        /* [BN][BM] transposed P or dS */
-    float *dK, *dV;  /* [BN][dp] */
-    float *row;      /* [dp] */
+    float *dK, *dV;  /* [BN][dp], [BN][dvp] */
+    float *row;      /* [max(dp, dvp)] */
 } bwd_ws;
 
 static int stored_seqlen_k(const fa3c_problem *pr, int b) {
@@ -65,34 +66,38 @@ static size_t blk_off(const bwd_ctx *c, int64_t k, int h) { /* float offset of b
     return ((size_t)k * c->pr.heads_q + h) * BM * c->dp;
 }
 
+static size_t blk_off_v(const bwd_ctx *c, int64_t k, int h) { /* the same in dOf, rows of dvp */
+    return ((size_t)k * c->pr.heads_q + h) * BM * c->dvp;
+}
+
 /* Prologue for query block k, head h: Q, dO, lse, D. */
 FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
     const fa3c_bwd_params *p = c->p;
     const fa3c_problem *pr = &c->pr;
-    const int b = c->qblk[2 * k], i0 = c->qblk[2 * k + 1], d = c->d, dp = c->dp;
+    const int b = c->qblk[2 * k], i0 = c->qblk[2 * k + 1], d = c->d, dp = c->dp, dv = c->dv, dvp = c->dvp;
     const int sq = fa3c_seqlen_q_of(pr, b), nrows = sq - i0 < BM ? sq - i0 : BM;
-    float *Q = c->Qf + blk_off(c, k, h), *dO = c->dOf + blk_off(c, k, h);
+    float *Q = c->Qf + blk_off(c, k, h), *dO = c->dOf + blk_off_v(c, k, h);
     float *lse = c->lse + ((size_t)k * pr->heads_q + h) * BM, *D = c->D + ((size_t)k * pr->heads_q + h) * BM;
     for (int ch = 0; ch < c->nchunk; ch++) /* this block's dQ accumulators */
         memset(c->dqacc + (size_t)ch * c->nqb * pr->heads_q * BM * dp + blk_off(c, k, h), 0, sizeof(float) * BM * dp);
     const double sink = fa3c_sink(pr, h);
     double dsink = 0;   /* Σ_rows -p_sink · D: the sink's probability is exp(sink - lse) */
     for (int r = 0; r < BM; r++) {
-        float *qr = Q + (int64_t)r * dp, *dr = dO + (int64_t)r * dp;
+        float *qr = Q + (int64_t)r * dp, *dr = dO + (int64_t)r * dvp;
         if (r < nrows) {
             const int i = i0 + r;
             load_row_f(qr, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i, h), d, dp, 1.0f);
-            load_row_f(dr, p->dout.data, c->dt, fa3c_q_offset(pr, &p->dout, b, i, h), d, dp, 1.0f);
-            load_row_f(w->row, p->out.data, c->dt, fa3c_q_offset(pr, &p->out, b, i, h), d, dp, 1.0f);
+            load_row_f(dr, p->dout.data, c->dt, fa3c_q_offset(pr, &p->dout, b, i, h), dv, dvp, 1.0f);
+            load_row_f(w->row, p->out.data, c->dt, fa3c_q_offset(pr, &p->out, b, i, h), dv, dvp, 1.0f);
             float s = 0; /* the same fused chain as the dP = dO Vᵀ product, so that dP - D is exactly 0 where O = V */
-            for (int x = 0; x < d; x++) s = __builtin_fmaf(dr[x], w->row[x], s);
+            for (int x = 0; x < dv; x++) s = __builtin_fmaf(dr[x], w->row[x], s);
             D[r] = s;
             const float l = p->lse[fa3c_lse_index(pr, b, h, i)];
             lse[r] = l == -INFINITY ? INFINITY : l; /* fully masked row: exp(s - inf) = 0; a NaN stays NaN */
             if (c->dsink && sink != -INFINITY) dsink -= exp(sink - l) * D[r];   /* a -inf sink has p = 0 */
         } else {
             memset(qr, 0, sizeof(float) * dp);
-            memset(dr, 0, sizeof(float) * dp);
+            memset(dr, 0, sizeof(float) * dvp);
             lse[r] = INFINITY;
             D[r] = 0;
         }
@@ -103,21 +108,24 @@ FA3C_HOT static void prep_block(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
 /* Keys j0 .. j0+nk-1 of (b, hk) into K, Kt, Vt, zero-padded to BN. */
 static void load_k_block(const bwd_ctx *c, bwd_ws *w, int b, int hk, int j0, int nk) {
     const fa3c_bwd_params *p = c->p;
-    const int d = c->d, dp = c->dp;
+    const int d = c->d, dp = c->dp, dv = c->dv;
     for (int jj = 0; jj < BN; jj++) {
         float *kr = w->K + (int64_t)jj * dp;
         if (jj < nk) {
             load_row_f(kr, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 0), d, dp, 1.0f);
             for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = kr[x];
-            load_row_f(w->row, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 0), d, dp, 1.0f);
-            for (int x = 0; x < d; x++) w->Vt[(int64_t)x * BN + jj] = w->row[x];
+            load_row_f(w->row, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 0), dv, c->dvp, 1.0f);
+            for (int x = 0; x < dv; x++) w->Vt[(int64_t)x * BN + jj] = w->row[x];
         } else {
-            for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = w->Vt[(int64_t)x * BN + jj] = 0.0f;
+            for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
+            for (int x = 0; x < dv; x++) w->Vt[(int64_t)x * BN + jj] = 0.0f;
             memset(kr, 0, sizeof(float) * dp);
         }
     }
     for (int x = d; x < dp; x++)
-        for (int jj = 0; jj < BN; jj++) w->Kt[(int64_t)x * BN + jj] = w->Vt[(int64_t)x * BN + jj] = 0.0f;
+        for (int jj = 0; jj < BN; jj++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
+    for (int x = dv; x < c->dvp; x++)
+        for (int jj = 0; jj < BN; jj++) w->Vt[(int64_t)x * BN + jj] = 0.0f;
 }
 
 AI void transpose_tile(const float *restrict src, float *restrict dst) { /* [BM][BN] -> [BN][BM] */
@@ -164,14 +172,14 @@ AI void tile_grad(const bwd_ctx *c, bwd_ws *w, int64_t k, const float *lse, cons
 FA3C_HOT static void kv_task(const bwd_ctx *c, bwd_ws *w, int b, int hk, int ch) {
     const fa3c_bwd_params *p = c->p;
     const fa3c_problem *pr = &c->pr;
-    const int dp = c->dp, hq = pr->heads_q;
+    const int dp = c->dp, dvp = c->dvp, hq = pr->heads_q;
     const int skst = stored_seqlen_k(pr, b), sk = fa3c_seqlen_k_of(pr, b);
     float *dqacc = c->dqacc + (size_t)ch * c->nqb * hq * BM * dp;
     for (int j0 = ch * BN; j0 < skst; j0 += c->nchunk * BN) {
         const int nst = skst - j0 < BN ? skst - j0 : BN;                        /* rows to write */
         const int nk = sk - j0 < nst ? (sk - j0 > 0 ? sk - j0 : 0) : nst;      /* rows with keys */
         memset(w->dK, 0, sizeof(float) * BN * dp);
-        memset(w->dV, 0, sizeof(float) * BN * dp);
+        memset(w->dV, 0, sizeof(float) * BN * dvp);
         if (nk > 0) {
             const int j1 = j0 + nk - 1;
             load_k_block(c, w, b, hk, j0, nk);
@@ -179,13 +187,13 @@ FA3C_HOT static void kv_task(const bwd_ctx *c, bwd_ws *w, int b, int hk, int ch)
                 for (int64_t k = c->qfirst[b]; k < c->qfirst[b + 1]; k++) {
                     if (c->blo[k] > j1 || c->bhi[k] < j0 || c->blo[k] > c->bhi[k]) continue;
                     const size_t o = blk_off(c, k, h);
-                    const float *Q = c->Qf + o, *dO = c->dOf + o;
+                    const float *Q = c->Qf + o, *dO = c->dOf + blk_off_v(c, k, h);
                     const float *lse = c->lse + ((size_t)k * hq + h) * BM, *D = c->D + ((size_t)k * hq + h) * BM;
                     gemm(BM, BN, c->d, Q, dp, w->Kt, BN, w->S, BN, 0, NULL);   /* S = Q Kᵀ */
-                    gemm(BM, BN, c->d, dO, dp, w->Vt, BN, w->dP, BN, 0, NULL); /* dP = dO Vᵀ */
+                    gemm(BM, BN, c->dv, dO, dvp, w->Vt, BN, w->dP, BN, 0, NULL); /* dP = dO Vᵀ */
                     tile_grad(c, w, k, lse, D, j0);
                     transpose_tile(w->S, w->T);
-                    gemm(BN, dp, BM, w->T, BM, dO, dp, w->dV, dp, 1, NULL);   /* dV += Pᵀ dO */
+                    gemm(BN, dvp, BM, w->T, BM, dO, dvp, w->dV, dvp, 1, NULL); /* dV += Pᵀ dO */
                     transpose_tile(w->dP, w->T);
                     gemm(BN, dp, BM, w->T, BM, Q, dp, w->dK, dp, 1, NULL);    /* dK += dSᵀ Q */
                     gemm(BM, dp, BN, w->dP, BN, w->K, dp, dqacc + o, dp, 1, NULL); /* dQ += dS K */
@@ -194,8 +202,8 @@ FA3C_HOT static void kv_task(const bwd_ctx *c, bwd_ws *w, int b, int hk, int ch)
         for (int jj = 0; jj < nst; jj++) {
             store_row_f(p->dk.data, c->dt, fa3c_k_offset(pr, &p->dk, b, j0 + jj, hk, 0), w->dK + (int64_t)jj * dp,
                         c->d, pr->softmax_scale);
-            store_row_f(p->dv.data, c->dt, fa3c_k_offset(pr, &p->dv, b, j0 + jj, hk, 0), w->dV + (int64_t)jj * dp,
-                        c->d, 1.0f);
+            store_row_f(p->dv.data, c->dt, fa3c_k_offset(pr, &p->dv, b, j0 + jj, hk, 0), w->dV + (int64_t)jj * dvp,
+                        c->dv, 1.0f);
         }
     }
 }
@@ -219,17 +227,17 @@ FA3C_HOT static void dq_store(const bwd_ctx *c, bwd_ws *w, int64_t k, int h) {
     }
 }
 
-static int alloc_ws(bwd_ws *w, int dp) {
+static int alloc_ws(bwd_ws *w, int dp, int dvp) {
     w->K = scratch_floats((size_t)BN * dp);
     w->Kt = scratch_floats((size_t)dp * BN);
-    w->Vt = scratch_floats((size_t)dp * BN);
+    w->Vt = scratch_floats((size_t)dvp * BN);
     w->S = scratch_floats((size_t)BM * BN);
     w->dP = scratch_floats((size_t)BM * BN);
     w->G = scratch_floats((size_t)BM * BN);
     w->T = scratch_floats((size_t)BM * BN);
     w->dK = scratch_floats((size_t)BN * dp);
-    w->dV = scratch_floats((size_t)BN * dp);
-    w->row = scratch_floats((size_t)dp);
+    w->dV = scratch_floats((size_t)BN * dvp);
+    w->row = scratch_floats((size_t)(dp > dvp ? dp : dvp));
     return w->K && w->Kt && w->Vt && w->S && w->dP && w->G && w->T && w->dK && w->dV && w->row;
 }
 
@@ -267,7 +275,7 @@ static int setup(bwd_ctx *c) {
     const size_t n1 = n > 0 ? (size_t)n : 1, blk = n1 * pr->heads_q * BM * c->dp;
     c->qblk = (int *)malloc(sizeof(int) * 2 * n1);
     c->Qf = scratch_floats(blk);
-    c->dOf = scratch_floats(blk);
+    c->dOf = scratch_floats(n1 * pr->heads_q * BM * c->dvp);
     c->dqacc = scratch_floats(blk * c->nchunk);
     c->lse = (float *)malloc(sizeof(float) * n1 * pr->heads_q * BM);
     c->D = (float *)malloc(sizeof(float) * n1 * pr->heads_q * BM);
@@ -319,6 +327,8 @@ fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
     c.pr = p->problem;
     c.d = c.pr.headdim;
     c.dp = (int)round_up((size_t)c.d, NR);
+    c.dv = fa3c_headdim_v(&c.pr);
+    c.dvp = (int)round_up((size_t)c.dv, NR);
     c.group = c.pr.heads_q / c.pr.heads_kv;
     c.dt = c.pr.dtype;
     if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)c.d));
@@ -333,7 +343,7 @@ fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
 #pragma omp parallel
     {
         bwd_ws w;
-        const int ok = alloc_ws(&w, c.dp);
+        const int ok = alloc_ws(&w, c.dp, c.dvp);
 #pragma omp for schedule(dynamic)
         for (int64_t t = 0; t < nqh; t++)
             if (ok) prep_block(&c, &w, t / pr->heads_q, (int)(t % pr->heads_q));

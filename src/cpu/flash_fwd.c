@@ -22,15 +22,16 @@ typedef struct {
     const fa3c_fwd_params *p;
     fa3c_problem pr; /* with softmax_scale filled in */
     int d, dp, group;
+    int dv, dvp;       /* v's and out's head dim (headdim_v), padded */
     fa3c_dtype dt, odt;
 } fwd_ctx;
 
 typedef struct {
     float *Q;  /* [BM][dp]  q · descale · scale */
     float *Kt; /* [d][BN]   k block, transposed */
-    float *V;  /* [BN][dp]  v block */
+    float *V;  /* [BN][dvp] v block */
     float *S;  /* [BM][BN]  scores, then probabilities */
-    float *O;  /* [BM][dp]  unnormalised output */
+    float *O;  /* [BM][dvp] unnormalised output */
     float *row;/* [dp]      one converted key row */
 } fwd_ws;
 
@@ -43,14 +44,14 @@ static void load_kv(const fwd_ctx *c, fwd_ws *w, int b, int hk, int j0, int nk, 
     const fa3c_fwd_params *p = c->p;
     const int d = c->d, dp = c->dp;
     for (int jj = 0; jj < BN; jj++) {
-        float *vr = w->V + (int64_t)jj * dp;
+        float *vr = w->V + (int64_t)jj * c->dvp;
         if (jj < nk) {
             load_row_f(w->row, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 1), d, dp, kd);
             for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = w->row[x];
-            load_row_f(vr, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 1), d, dp, vd);
+            load_row_f(vr, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 1), c->dv, c->dvp, vd);
         } else {
             for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
-            memset(vr, 0, sizeof(float) * dp);
+            memset(vr, 0, sizeof(float) * c->dvp);
         }
     }
 }
@@ -89,7 +90,7 @@ static inline float row_exp_sum(float *r, float mx) {
 FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0) {
     const fa3c_fwd_params *p = c->p;
     const fa3c_problem *pr = &c->pr;
-    const int d = c->d, dp = c->dp, hk = h / c->group;
+    const int d = c->d, dp = c->dp, dv = c->dv, dvp = c->dvp, hk = h / c->group;
     const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b);
     const int nrows = sq - i0 < BM ? sq - i0 : BM;
     const float cap = pr->softcap;
@@ -114,7 +115,7 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
         else
             memset(w->Q + (int64_t)r * dp, 0, sizeof(float) * dp);
     }
-    memset(w->O, 0, sizeof(float) * BM * dp);
+    memset(w->O, 0, sizeof(float) * BM * dvp);
 
     for (int j0 = kmin; j0 <= kmax; j0 += BN) {
         const int nk = kmax + 1 - j0 < BN ? kmax + 1 - j0 : BN;
@@ -145,29 +146,29 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
             l[r] = l[r] * alpha[r] + row_exp_sum(srow, mnew);
             m[r] = mnew;
         }
-        gemm(BM, dp, BN, w->S, BN, w->V, dp, w->O, dp, 1, alpha);
+        gemm(BM, dvp, BN, w->S, BN, w->V, dvp, w->O, dvp, 1, alpha);
     }
 
     const float sink = fa3c_sink(pr, h);
     for (int r = 0; r < nrows; r++) {
         const int64_t oo = fa3c_q_offset(pr, &p->out, b, i0 + r, h);
-        float *orow = w->O + (int64_t)r * dp;
+        float *orow = w->O + (int64_t)r * dvp;
         float lse;
         const float mx = nan_max(m[r], sink);
         if (lo[r] > hi[r]) { /* fully masked row (by the key range, never by the sum): zeros and -inf (or the sink) */
-            memset(orow, 0, sizeof(float) * d);
-            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);
+            memset(orow, 0, sizeof(float) * dv);
+            store_row_f(p->out.data, c->odt, oo, orow, dv, 1.0f);
             lse = sink;
         } else if (pr->sinks && mx != -INFINITY) { /* the sink joins the denominator only */
             const float a = m[r] == -INFINITY ? 0.0f : expf(m[r] - mx), denom = l[r] * a + expf(sink - mx);
-            store_row_f(p->out.data, c->odt, oo, orow, d, a / denom);
+            store_row_f(p->out.data, c->odt, oo, orow, dv, a / denom);
             lse = mx + logf(denom);
         } else if (l[r] == 0) { /* keys seen, every score -inf: the reference's exp(-inf - -inf) is NaN */
-            for (int x = 0; x < d; x++) orow[x] = NAN;
-            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f);
+            for (int x = 0; x < dv; x++) orow[x] = NAN;
+            store_row_f(p->out.data, c->odt, oo, orow, dv, 1.0f);
             lse = NAN;
         } else { /* NaN scores give l = NaN: NaN out and lse */
-            store_row_f(p->out.data, c->odt, oo, orow, d, 1.0f / l[r]);
+            store_row_f(p->out.data, c->odt, oo, orow, dv, 1.0f / l[r]);
             lse = m[r] + logf(l[r]);
         }
         if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i0 + r)] = lse;
@@ -180,6 +181,8 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p) {
     c.pr = p->problem;
     c.d = c.pr.headdim;
     c.dp = (int)round_up((size_t)c.d, NR);
+    c.dv = fa3c_headdim_v(&c.pr);
+    c.dvp = (int)round_up((size_t)c.dv, NR);
     c.group = c.pr.heads_q / c.pr.heads_kv;
     c.dt = c.pr.dtype;
     c.odt = fa3c_out_dtype(c.dt);
@@ -203,12 +206,12 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p) {
 #pragma omp parallel
     {
         fwd_ws w;
-        const int dp = c.dp;
+        const int dp = c.dp, dvp = c.dvp;
         w.Q = scratch_floats((size_t)BM * dp);
         w.Kt = scratch_floats((size_t)dp * BN);
-        w.V = scratch_floats((size_t)BN * dp);
+        w.V = scratch_floats((size_t)BN * dvp);
         w.S = scratch_floats((size_t)BM * BN);
-        w.O = scratch_floats((size_t)BM * dp);
+        w.O = scratch_floats((size_t)BM * dvp);
         w.row = scratch_floats((size_t)dp);
         const int ok = w.Q && w.Kt && w.V && w.S && w.O && w.row;
 #pragma omp for schedule(dynamic)

@@ -48,16 +48,16 @@ static double dot(const double *a, const double *b, int d) {
 fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
     const fa3c_problem P = prepared(&p->problem);
     const fa3c_problem *pr = &P;
-    const int d = pr->headdim, group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, odt = fa3c_out_dtype(dt);
     const int64_t ntask = (int64_t)pr->batch * pr->heads_q;   /* can exceed INT_MAX */
     int oom = 0;
 
 #pragma omp parallel
     {
-        double *q = (double *)malloc(sizeof(double) * d * 2);
+        double *q = (double *)malloc(sizeof(double) * (d + dv));
         double *kk = (double *)malloc(sizeof(double) * (size_t)skmax * d);
-        double *vv = (double *)malloc(sizeof(double) * (size_t)skmax * d);
+        double *vv = (double *)malloc(sizeof(double) * (size_t)skmax * dv);
         double *s = (double *)malloc(sizeof(double) * (size_t)skmax);
         double *acc = q ? q + d : NULL;
 #pragma omp for schedule(dynamic)
@@ -74,7 +74,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
             const double vd = descale_of(p->v_descale, pr, b, hk);
             for (int j = 0; j < sk; j++) {
                 load_row(kk + (int64_t)j * d, &p->k, dt, fa3c_k_offset(pr, &p->k, b, j, hk, 1), d, kd);
-                load_row(vv + (int64_t)j * d, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 1), d, vd);
+                load_row(vv + (int64_t)j * dv, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 1), dv, vd);
             }
             for (int i = 0; i < sq; i++) {
                 int lo, hi;
@@ -82,7 +82,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
                 const int64_t oo = fa3c_q_offset(pr, &p->out, b, i, h);
                 const double sink = fa3c_sink(pr, h);
                 if (lo > hi) { /* fully masked: zeros, and -inf (or the sink: its softmax is the sink alone) */
-                    for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, odt, oo + c, 0.0f);
+                    for (int c = 0; c < dv; c++) fa3c_store_f(p->out.data, odt, oo + c, 0.0f);
                     if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = (float)sink;
                     continue;
                 }
@@ -93,14 +93,14 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
                     if (s[j - lo] > m) m = s[j - lo];
                 }
                 double sum = pr->sinks ? exp(sink - m) : 0;
-                for (int c = 0; c < d; c++) acc[c] = 0;
+                for (int c = 0; c < dv; c++) acc[c] = 0;
                 for (int j = lo; j <= hi; j++) {
                     double e = exp(s[j - lo] - m);
                     sum += e;
-                    const double *vr = vv + (int64_t)j * d;
-                    for (int c = 0; c < d; c++) acc[c] += e * vr[c];
+                    const double *vr = vv + (int64_t)j * dv;
+                    for (int c = 0; c < dv; c++) acc[c] += e * vr[c];
                 }
-                for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, odt, oo + c, (float)(acc[c] / sum));
+                for (int c = 0; c < dv; c++) fa3c_store_f(p->out.data, odt, oo + c, (float)(acc[c] / sum));
                 if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = (float)(m + log(sum));
             }
         }
@@ -118,7 +118,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
 fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
     const fa3c_problem P = prepared(&p->problem);
     const fa3c_problem *pr = &P;
-    const int d = pr->headdim, group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, rd = fa3c_out_dtype(dt); /* rd: the precision rounded to */
     const float scale = pr->softmax_scale, cap = pr->softcap;
     const int64_t ntask = (int64_t)pr->batch * pr->heads_q;   /* can exceed INT_MAX */
@@ -126,9 +126,9 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
 
 #pragma omp parallel
     {
-        float *q = (float *)malloc(sizeof(float) * d * 2);
+        float *q = (float *)malloc(sizeof(float) * (d + dv));
         float *kk = (float *)malloc(sizeof(float) * (size_t)skmax * d);
-        float *vv = (float *)malloc(sizeof(float) * (size_t)skmax * d);
+        float *vv = (float *)malloc(sizeof(float) * (size_t)skmax * dv);
         float *s = (float *)malloc(sizeof(float) * (size_t)skmax);
         float *acc = q ? q + d : NULL;
 #pragma omp for schedule(dynamic)
@@ -145,10 +145,8 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
             const float vd = (float)descale_of(p->v_descale, pr, b, hk);
             for (int j = 0; j < sk; j++) {
                 int64_t ko = fa3c_k_offset(pr, &p->k, b, j, hk, 1), vo = fa3c_k_offset(pr, &p->v, b, j, hk, 1);
-                for (int c = 0; c < d; c++) {
-                    kk[(int64_t)j * d + c] = fa3c_round_to(rd, fa3c_load_f(p->k.data, dt, ko + c) * kd);
-                    vv[(int64_t)j * d + c] = fa3c_round_to(rd, fa3c_load_f(p->v.data, dt, vo + c) * vd);
-                }
+                for (int c = 0; c < d; c++) kk[(int64_t)j * d + c] = fa3c_round_to(rd, fa3c_load_f(p->k.data, dt, ko + c) * kd);
+                for (int c = 0; c < dv; c++) vv[(int64_t)j * dv + c] = fa3c_round_to(rd, fa3c_load_f(p->v.data, dt, vo + c) * vd);
             }
             for (int i = 0; i < sq; i++) {
                 int lo, hi;
@@ -156,7 +154,7 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                 const int64_t oo = fa3c_q_offset(pr, &p->out, b, i, h);
                 const float sink = fa3c_sink(pr, h);
                 if (lo > hi) {
-                    for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, rd, oo + c, 0.0f);
+                    for (int c = 0; c < dv; c++) fa3c_store_f(p->out.data, rd, oo + c, 0.0f);
                     if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = sink;
                     continue;
                 }
@@ -178,13 +176,13 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                     s[j - lo] = expf(s[j - lo] - m);
                     sum += s[j - lo];
                 }
-                for (int c = 0; c < d; c++) acc[c] = 0;
+                for (int c = 0; c < dv; c++) acc[c] = 0;
                 for (int j = lo; j <= hi; j++) {
                     const float pj = fa3c_round_to(rd, s[j - lo] / sum);
-                    const float *vr = vv + (int64_t)j * d;
-                    for (int c = 0; c < d; c++) acc[c] += pj * vr[c];
+                    const float *vr = vv + (int64_t)j * dv;
+                    for (int c = 0; c < dv; c++) acc[c] += pj * vr[c];
                 }
-                for (int c = 0; c < d; c++) fa3c_store_f(p->out.data, rd, oo + c, acc[c]);
+                for (int c = 0; c < dv; c++) fa3c_store_f(p->out.data, rd, oo + c, acc[c]);
                 if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = m + logf(sum);
             }
         }
@@ -208,7 +206,7 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
 fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
     const fa3c_problem P = prepared(&p->problem);
     const fa3c_problem *pr = &P;
-    const int d = pr->headdim, group = pr->heads_q / pr->heads_kv;
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv;
     int skmax = max_seqlen_k(pr);
     for (int b = 0; b < pr->batch; b++)
         if (stored_seqlen_k(pr, b) > skmax) skmax = stored_seqlen_k(pr, b);
@@ -221,27 +219,28 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
 
 #pragma omp parallel
     {
-        double *row = (double *)malloc(sizeof(double) * d * 4);
+        double *row = (double *)malloc(sizeof(double) * (2 * d + 2 * dv));
         double *kk = (double *)malloc(sizeof(double) * (size_t)skmax * d);
-        double *vv = (double *)malloc(sizeof(double) * (size_t)skmax * d);
+        double *vv = (double *)malloc(sizeof(double) * (size_t)skmax * dv);
         double *dk = (double *)malloc(sizeof(double) * (size_t)skmax * d);
-        double *dv = (double *)malloc(sizeof(double) * (size_t)skmax * d);
+        double *dvv = (double *)malloc(sizeof(double) * (size_t)skmax * dv);
         double *s = (double *)malloc(sizeof(double) * (size_t)skmax * 2);
 #pragma omp for schedule(dynamic)
         for (int64_t t = 0; t < ntask; t++) {
-            if (!row || !kk || !vv || !dk || !dv || !s) {
+            if (!row || !kk || !vv || !dk || !dvv || !s) {
 #pragma omp atomic write
                 oom = 1;
                 continue;
             }
-            double *q = row, *dov = row + d, *o = row + 2 * d, *dq = row + 3 * d, *pp = s + skmax;
+            double *q = row, *dq = row + d, *dov = row + 2 * d, *o = row + 2 * d + dv, *pp = s + skmax;
             const int b = (int)(t / pr->heads_kv), hk = (int)(t % pr->heads_kv);
             const int sq = fa3c_seqlen_q_of(pr, b), sk = fa3c_seqlen_k_of(pr, b), skst = stored_seqlen_k(pr, b);
             for (int j = 0; j < sk; j++) {
                 load_row(kk + (int64_t)j * d, &p->k, dt, fa3c_k_offset(pr, &p->k, b, j, hk, 0), d, 1.0);
-                load_row(vv + (int64_t)j * d, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 0), d, 1.0);
+                load_row(vv + (int64_t)j * dv, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 0), dv, 1.0);
             }
-            for (int64_t x = 0; x < (int64_t)skst * d; x++) dk[x] = dv[x] = 0;
+            for (int64_t x = 0; x < (int64_t)skst * d; x++) dk[x] = 0;
+            for (int64_t x = 0; x < (int64_t)skst * dv; x++) dvv[x] = 0;
             for (int h = hk * group; h < (hk + 1) * group; h++) {
                 for (int i = 0; i < sq; i++) {
                     int lo, hi;
@@ -252,7 +251,7 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
                         continue;
                     }
                     load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, 1.0);
-                    load_row(dov, &p->dout, dt, fa3c_q_offset(pr, &p->dout, b, i, h), d, 1.0);
+                    load_row(dov, &p->dout, dt, fa3c_q_offset(pr, &p->dout, b, i, h), dv, 1.0);
                     const double sink = fa3c_sink(pr, h);
                     double m = pr->sinks ? sink : -INFINITY;
                     for (int j = lo; j <= hi; j++) {
@@ -261,39 +260,38 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
                     }
                     double sum = pr->sinks ? exp(sink - m) : 0;
                     for (int j = lo; j <= hi; j++) sum += (pp[j - lo] = exp(s[j - lo] - m));
-                    for (int c = 0; c < d; c++) o[c] = dq[c] = 0;
+                    for (int c = 0; c < d; c++) dq[c] = 0;
+                    for (int c = 0; c < dv; c++) o[c] = 0;
                     for (int j = lo; j <= hi; j++) {
                         pp[j - lo] /= sum;
-                        for (int c = 0; c < d; c++) o[c] += pp[j - lo] * vv[(int64_t)j * d + c];
+                        for (int c = 0; c < dv; c++) o[c] += pp[j - lo] * vv[(int64_t)j * dv + c];
                     }
-                    const double D = dot(dov, o, d);
+                    const double D = dot(dov, o, dv);
                     if (dsink) dsink[(int64_t)b * pr->heads_q + h] -= exp(sink - m) / sum * D;
                     for (int j = lo; j <= hi; j++) {
                         const double pj = pp[j - lo];
-                        double ds = pj * (dot(dov, vv + (int64_t)j * d, d) - D);
+                        double ds = pj * (dot(dov, vv + (int64_t)j * dv, dv) - D);
                         if (cap > 0) ds *= 1.0 - (s[j - lo] / cap) * (s[j - lo] / cap);
                         for (int c = 0; c < d; c++) {
                             dq[c] += ds * kk[(int64_t)j * d + c];
                             dk[(int64_t)j * d + c] += ds * q[c];
-                            dv[(int64_t)j * d + c] += pj * dov[c];
                         }
+                        for (int c = 0; c < dv; c++) dvv[(int64_t)j * dv + c] += pj * dov[c];
                     }
                     for (int c = 0; c < d; c++) fa3c_store_f(p->dq.data, dt, dqo + c, (float)(dq[c] * scale));
                 }
             }
             for (int j = 0; j < skst; j++) { /* keys past seqused_k get zero gradients */
                 const int64_t ko = fa3c_k_offset(pr, &p->dk, b, j, hk, 0), vo = fa3c_k_offset(pr, &p->dv, b, j, hk, 0);
-                for (int c = 0; c < d; c++) {
-                    fa3c_store_f(p->dk.data, dt, ko + c, (float)(dk[(int64_t)j * d + c] * scale));
-                    fa3c_store_f(p->dv.data, dt, vo + c, (float)dv[(int64_t)j * d + c]);
-                }
+                for (int c = 0; c < d; c++) fa3c_store_f(p->dk.data, dt, ko + c, (float)(dk[(int64_t)j * d + c] * scale));
+                for (int c = 0; c < dv; c++) fa3c_store_f(p->dv.data, dt, vo + c, (float)dvv[(int64_t)j * dv + c]);
             }
         }
         free(row);
         free(kk);
         free(vv);
         free(dk);
-        free(dv);
+        free(dvv);
         free(s);
     }
     if (dsink && !oom)

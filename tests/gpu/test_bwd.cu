@@ -681,16 +681,20 @@ TEST(bwd_not_supported_is_reported) {
     p.backend = FA3C_BACKEND_CUDA;
     float *sinks = NULL;
     CUDA_OK(cudaMalloc((void **)&sinks, 2 * sizeof(float)));
-    const char *what[2] = {"hdim 160", "sinks"}, *needle[2] = {"headdim 160", "sinks"};
-    for (int i = 0; i < 2; i++) {
+    const char *what[3] = {"hdim 160", "sinks", "headdim_v"}, *needle[3] = {"headdim 160", "sinks", "headdim_v"};
+    for (int i = 0; i < 3; i++) {
         fa3c_bwd_params q = p;
         if (i == 0) {   // the same buffers viewed with 160 columns
             q.problem.headdim = 160;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
             for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 160);
-        } else {   // sinks and their gradient: CPU backends only so far
+        } else if (i == 1) {   // sinks and their gradient: CPU backends only so far
             q.problem.sinks = sinks;
             q.dsinks = sinks + 1;
+        } else {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
+            q.problem.headdim_v = 64;
+            fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
+            for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 64);
         }
         fa3c_status s = fa3c_bwd_check(&q);
         printf("  %s: %s: %s\n", what[i], fa3c_status_string(s), fa3c_last_error());

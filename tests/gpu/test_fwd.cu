@@ -1296,6 +1296,11 @@ TEST(fwd_not_supported_is_reported) {
     x = p;   // sinks: CPU backends only so far (a device array, past the tensors)
     x.problem.sinks = (const float *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
     expect_not_supported("sinks", x, "sinks");
+    x = p;   // a value head dim other than headdim: CPU backends only so far
+    x.problem.headdim_v = 64;
+    x.v = tu_tensor(buf, B, S, H, 64);
+    x.out = tu_tensor(NULL, B, S, H, 64);
+    expect_not_supported("headdim_v", x, "headdim_v");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
     int32_t host_arrays[16] = {0, S};   // the rest: page 0
