@@ -5,7 +5,9 @@
 #       CI mode: a fresh venv, pip install numpy ml_dtypes pytest, then `pip install .`
 #       of this checkout (builds libfa3c through CMake into the package), then
 #       pytest tests/python against the INSTALLED package. torch is not installed:
-#       its tests skip with a reason.
+#       its tests skip with a reason, and so do the transformers model tests
+#       (test_transformers_model.py). PyPI's torch for Linux is the CUDA build, about
+#       4 GB installed with its nvidia-* wheels: too much for CI's CPU-only run.
 #       The library is built with FA3C_CUDA=OFF unless FA3C_CUDA is set: CI has no
 #       GPU and the CUDA backend is compiled by the ctest build already, so compiling
 #       it again here would only add minutes (FA3C_CUDA=AUTO tools/test_python.sh to
@@ -14,7 +16,7 @@
 #   FA3C_LIBRARY=build/libfa3c.so tools/test_python.sh [pytest args]
 #       Build-tree mode (e.g. the GPU machine, which has torch but no network): no
 #       venv, no install; the current python3 runs pytest with PYTHONPATH=python and
-#       that library.
+#       that library. The model tests also need transformers in that python3.
 #
 # Exits non-zero when anything fails, including pytest collecting no test (exit 5).
 # -p no:logging: torch.compile logs DEBUG traces that pytest would dump into failure reports.
