@@ -4,13 +4,15 @@ A ctypes binding over libfa3c's C ABI with the official FA3
 `flash_attn_interface` API:
 
     import fa3c
-    out = fa3c.flash_attn_func(q, k, v, causal=True)                 # torch or numpy
+    out = fa3c.flash_attn_func(q, k, v, causal=True)                 # torch, numpy, ...
     out, lse = fa3c.flash_attn_func(q, k, v, return_attn_probs=True)
 
 torch CUDA tensors run on the CUDA backend on torch's current stream, with
 autograd and torch.compile support (custom ops fa3c::fwd / fa3c::bwd); torch
-CPU tensors and numpy arrays (ml_dtypes for bfloat16 / float8_e4m3fn) run on
-the CPU backend. torch is optional: `import fa3c` needs only numpy.
+CPU tensors run on the CPU backend. Any other array with __dlpack__ (numpy,
+with ml_dtypes for bfloat16 / float8_e4m3fn; CuPy; JAX) runs on the backend of
+its memory, read through DLPack (_arrays). torch is optional: `import fa3c`
+needs only numpy.
 
 FA3 code runs unchanged after fa3c.install_flash_attn_interface(), which makes
 `import flash_attn_interface` give fa3c.flash_attn_interface (an installed FA3

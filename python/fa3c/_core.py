@@ -1,6 +1,7 @@
 """Array-library-neutral forward/backward calls into libfa3c.
 
-The numpy and torch front ends each supply a small `ops` adapter (pointer,
+The torch front end (_torch) and the one for every other array (_arrays: numpy,
+CuPy, JAX, anything with __dlpack__) each supply a small `ops` adapter (pointer,
 shape, element strides, dtype code, allocation); everything else - shape
 bookkeeping, the parameter structs, error reporting - lives here once.
 
@@ -166,11 +167,14 @@ class Call:
         self._keep = keep
         self._context = context
         self.stream = None  # used by run() when no stream is given
+        self.finish = None  # called after each launch (the array front end's wait for its stream)
 
     def run(self, stream=None):
         st = self._fn(self._ref, self.stream if stream is None else stream)
         if st:
             _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
+        if self.finish is not None:
+            self.finish()
         return self.outputs
 
     def check(self):

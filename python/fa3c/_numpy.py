@@ -1,105 +1,86 @@
-"""numpy front end: arrays in host memory, run by the CPU backend.
+"""numpy for the array front end: host views of DLPack memory, and numpy arrays
+whose dtype DLPack cannot carry.
 
-bf16 and fp8 use ml_dtypes (imported only when such an array shows up)."""
+numpy exports float32 / float16 (and integers) through DLPack like any other
+library; it refuses ml_dtypes' bfloat16 and float8_e4m3fn, so those arrays are
+read from numpy's own pointer and strides here. ml_dtypes is imported only when
+such an array shows up.
+"""
+import ctypes
+
 import numpy as np
 
-from . import _lib
-from ._core import bad
+from . import _dlpack
+from ._dlpack import BFLOAT, FLOAT, FLOAT8_E4M3FN, INT, UINT
 
 
-def _ml_dtypes():
+def dtype(name):
+    """The numpy dtype called name: ml_dtypes' for bfloat16 and float8_e4m3fn."""
+    if name not in ("bfloat16", "float8_e4m3fn"):
+        return np.dtype(name)
     try:
         import ml_dtypes
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError("fa3c: bfloat16 / float8_e4m3fn numpy arrays need the ml_dtypes "
                           "package (pip install ml_dtypes)") from e
-    return ml_dtypes
+    return np.dtype(getattr(ml_dtypes, name))
 
 
-def _np_dtype(code):
-    if code == _lib.DTYPE_FP32:
-        return np.dtype(np.float32)
-    if code == _lib.DTYPE_FP16:
-        return np.dtype(np.float16)
-    if code == _lib.DTYPE_BF16:
-        return np.dtype(_ml_dtypes().bfloat16)
-    if code == _lib.DTYPE_E4M3:
-        return np.dtype(_ml_dtypes().float8_e4m3fn)
-    raise ValueError("unknown fa3c dtype code %r" % code)
+def _dlpack_dtype(dt):
+    """DLPack's (code, bits, lanes) for a numpy dtype; unknown kinds get code 255."""
+    bits = dt.itemsize * 8
+    if dt.name == "bfloat16":
+        return (BFLOAT, 16, 1)
+    if dt.name == "float8_e4m3fn":
+        return (FLOAT8_E4M3FN, 8, 1)
+    if dt.kind in "iuf":
+        return ({"i": INT, "u": UINT, "f": FLOAT}[dt.kind], bits, 1)
+    return (255, bits, 1)
 
 
-class NumpyOps:
-    @staticmethod
-    def prepare(x):
-        x = np.asarray(x)
-        it = x.itemsize
-        ok = (x.ndim >= 1 and x.strides[-1] == it
-              and all(s >= 0 and s % it == 0 for s in x.strides))
-        # fa3c takes any non-negative element strides with a unit last one;
-        # anything else (reversed, byte-offset views) is copied.
-        return x if ok else np.ascontiguousarray(x)
-
-    @staticmethod
-    def ptr(x):
-        return x.ctypes.data
-
-    @staticmethod
-    def shape(x):
-        return tuple(int(s) for s in np.shape(x))
-
-    @staticmethod
-    def strides(x):
-        return tuple(s // x.itemsize for s in x.strides)
-
-    @staticmethod
-    def dtype_code(x):
-        dt = x.dtype
-        if dt == np.float32:
-            return _lib.DTYPE_FP32
-        if dt == np.float16:
-            return _lib.DTYPE_FP16
-        if dt.name == "bfloat16":
-            return _lib.DTYPE_BF16
-        if dt.name == "float8_e4m3fn":
-            return _lib.DTYPE_E4M3
-        raise TypeError("fa3c: unsupported dtype %s; use float32, float16, ml_dtypes.bfloat16 "
-                        "or ml_dtypes.float8_e4m3fn" % dt)
-
-    @staticmethod
-    def dtype_name(x):
-        return str(x.dtype)
-
-    @staticmethod
-    def empty(shape, code, like):
-        return np.empty(shape, dtype=_np_dtype(code))
-
-    @staticmethod
-    def int32(x, like):
-        if x is None:
-            return None
-        a = np.asarray(x)
-        if a.dtype.kind not in "iu":
-            raise bad("cu_seqlens / seqused_k / page_table must be integer arrays (got %s)" % a.dtype)
-        return np.ascontiguousarray(a, dtype=np.int32)
-
-    @staticmethod
-    def max_diff(cu):
-        return int(np.max(np.diff(cu))) if cu.shape[0] > 1 else 0
-
-    @staticmethod
-    def descale(d, shape, like, name):
-        if d is None:
-            return None
-        a = np.asarray(d, dtype=np.float32)
-        try:
-            a = np.broadcast_to(a, shape)
-        except ValueError:
-            raise bad("%s must broadcast to (batch, heads_kv) = %s (got shape %s)" % (name, shape, a.shape))
-        return np.ascontiguousarray(a)
-
-    @staticmethod
-    def contiguous_f32(x):
-        return np.ascontiguousarray(x, dtype=np.float32)
+def view(a, as_type=None):
+    """A View of numpy array a from numpy's own pointer and strides. as_type (DLPack's
+    (code, bits, lanes)) overrides the element type: a raw copy of another library's
+    bfloat16 is uint16 to numpy."""
+    a = np.asarray(a)
+    if any(s % a.itemsize for s in a.strides):   # not expressible in elements: copy
+        a = np.ascontiguousarray(a)
+    v = _dlpack.View(a, a, a.ctypes.data, tuple(int(n) for n in a.shape),
+                     tuple(s // a.itemsize for s in a.strides),
+                     as_type or _dlpack_dtype(a.dtype), (_dlpack.CPU, 0))
+    if as_type is None:
+        v.name = str(a.dtype)
+    return v
 
 
-OPS = NumpyOps()
+_NP_TYPES = {(INT, 8): np.int8, (INT, 16): np.int16, (INT, 32): np.int32, (INT, 64): np.int64,
+             (UINT, 8): np.uint8, (UINT, 16): np.uint16, (UINT, 32): np.uint32,
+             (UINT, 64): np.uint64, (FLOAT, 16): np.float16, (FLOAT, 32): np.float32,
+             (FLOAT, 64): np.float64}
+
+
+def _host_type(v):
+    if v.dtype[2] == 1 and v.dtype[:2] in _NP_TYPES:
+        return np.dtype(_NP_TYPES[v.dtype[:2]])
+    n = v.itemsize
+    return np.dtype("u%d" % n if n in (1, 2, 4, 8) else "V%d" % n)
+
+
+def alias(v):
+    """A read-only numpy array over the host memory of View v (no copy). Types numpy
+    lacks (bfloat16, fp8) show as unsigned integers of their width: right for copies.
+    Valid while v lives."""
+    dt = _host_type(v)
+    if 0 in v.shape:
+        return np.empty(v.shape, dt)
+    lo = sum((n - 1) * s for n, s in zip(v.shape, v.strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(v.shape, v.strides) if s > 0)
+    buf = (ctypes.c_char * ((hi - lo + 1) * dt.itemsize)).from_address(v.ptr + lo * dt.itemsize)
+    base = np.frombuffer(buf, dt)[-lo:]
+    return np.lib.stride_tricks.as_strided(base, v.shape, [s * dt.itemsize for s in v.strides],
+                                           writeable=False)
+
+
+def dense_copy(v):
+    """A row-major host copy of CPU View v, as a View of the same element type."""
+    return view(np.ascontiguousarray(alias(v)), v.dtype)

@@ -8,14 +8,15 @@ fa3c.flash_attn_interface gathers them into a module that can stand in for
 FA3's (fa3c.install_flash_attn_interface).
 
 q, k, v may be torch tensors (CUDA: CUDA backend, on the current stream;
-CPU: CPU backend; differentiable) or numpy arrays (CPU backend; float32,
-float16, ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn; forward only - use
-fa3c.backward for gradients).
+CPU: CPU backend; differentiable), or any other array with __dlpack__ - numpy
+(ml_dtypes for bfloat16 / float8_e4m3fn), CuPy, JAX - in CPU or CUDA memory
+(forward only - use fa3c.backward for gradients; outputs of q's library, see
+_arrays).
 """
-import contextlib
+import math
 import sys
 
-from . import _core
+from . import _arrays, _core
 
 _torch_mod = None
 
@@ -33,11 +34,15 @@ def _torch():
     return _torch_mod
 
 
-def _ops_for(x):
-    if _is_torch(x):
-        return _torch().OPS
-    from ._numpy import OPS
-    return OPS
+def _launch(q, backend=None):
+    """(ops, stream, device guard, backend, finish) for a call on arrays like q: torch's
+    front end for torch tensors, the array front end (DLPack) for anything else.
+    finish, when not None, runs after each launch."""
+    if _is_torch(q):
+        be, stream, guard = _torch()._launch(q)
+        return _torch().OPS, stream, guard, be if backend is None else backend, None
+    ops = _arrays.ArrayOps(q)
+    return ops, ops.stream, ops.guard(), ops.backend if backend is None else backend, ops.finish
 
 
 def _unsupported(**kw):
@@ -55,10 +60,9 @@ def _common_unsupported(qv, attention_chunk, sm_margin):
     _unsupported(qv=(qv, None), attention_chunk=(attention_chunk, 0), sm_margin=(sm_margin, 0))
 
 
-def _numpy_attention(q, k, v, **kw):
-    from ._numpy import OPS
-    kw.pop("deterministic", None)
-    return _core.forward(OPS, q, k, v, backend="cpu", **kw)
+def _array_attention(q, k, v, **kw):
+    kw.pop("deterministic", None)   # the forward is deterministic
+    return forward(q, k, v, **kw)
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
@@ -77,7 +81,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
-        out, lse = _numpy_attention(q, k, v, **kw)
+        out, lse = _array_attention(q, k, v, **kw)
     return (out, lse) if return_attn_probs else out
 
 
@@ -102,7 +106,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
-        out, lse = _numpy_attention(q, k, v, **kw)
+        out, lse = _array_attention(q, k, v, **kw)
     return (out, lse) if return_attn_probs else out
 
 
@@ -206,7 +210,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             cache_seqlens = [cache_seqlens] * batch
         if torch_path:
             cache_seqlens = _torch().to_int32_tensor(cache_seqlens, k_cache)
-        else:
+        elif not _arrays.is_array(cache_seqlens):   # a list; arrays stay where they are
             import numpy as np
             cache_seqlens = np.asarray(cache_seqlens, dtype=np.int32)
     appended_lens = cache_seqlens
@@ -222,15 +226,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if k is not None:
         # The C API writes nothing on error; keep that promise for the cache too: check
         # the whole call (as the backend it will run on) before appending in place.
-        ops = _ops_for(q)
-        stream, guard, backend = _where(q, None)
+        ops, _, guard, backend, _ = _launch(q)
         with guard:
             _core.prepare_forward(ops, q, k_cache, v_cache, backend=backend, **kw).check()
         _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table)
     if torch_path:
         out, lse = _torch().attention(q, k_cache, v_cache, **kw)
     else:
-        out, lse = _numpy_attention(q, k_cache, v_cache, **kw)
+        out, lse = _array_attention(q, k_cache, v_cache, **kw)
     if not return_softmax_lse:
         return out
     return (out, lse) + _no_split_partials(out)
@@ -242,8 +245,7 @@ def _no_split_partials(out):
     if _is_torch(out):
         torch = sys.modules["torch"]
         return tuple(torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))
-    import numpy as np
-    return tuple(np.empty(0, dtype=np.float32) for _ in range(2))
+    return tuple(_arrays.empty((0,), "float32", out) for _ in range(2))
 
 
 def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
@@ -252,8 +254,8 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     lse_partial (num_splits, batch, seqlen, heads), float32. Returns (out, softmax_lse):
     out (batch, seqlen, heads, headdim) in out_dtype (default: out_partial's dtype), written
     into out when given, and softmax_lse float32 (batch, seqlen, heads). A row whose parts
-    all have lse -inf (no keys) gets zeros and -inf. Array math in torch or numpy; no
-    libfa3c call."""
+    all have lse -inf (no keys) gets zeros and -inf. Array math in the arrays' library
+    (torch, numpy, CuPy, JAX); no libfa3c call."""
     if tuple(lse_partial.shape) != tuple(out_partial.shape[:-1]):
         raise _core.bad("lse_partial must have shape out_partial.shape[:-1] = %s (got %s)"
                         % (tuple(out_partial.shape[:-1]), tuple(lse_partial.shape)))
@@ -266,12 +268,16 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
         res = (w.unsqueeze(-1) * out_partial.float()).sum(0)
         res = res.to(out_partial.dtype if out_dtype is None else out_dtype)
     else:
-        import numpy as np
-        lp = np.asarray(lse_partial, dtype=np.float32)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            lse = np.logaddexp.reduce(lp, axis=0)
-            w = np.where(lse == -np.inf, np.float32(0), np.exp(lp - lse))
-        res = (w[..., None] * np.asarray(out_partial, dtype=np.float32)).sum(0)
+        # The same math in the arrays' own library (numpy, CuPy, JAX), written so that
+        # no step makes a NaN or a warning: rows without keys shift by 0, not -inf.
+        xp = _arrays.namespace(out_partial)
+        lp = xp.asarray(lse_partial).astype(xp.float32)
+        m = xp.max(lp, axis=0)
+        m = xp.where(m == -math.inf, 0.0, m)
+        s = xp.sum(xp.exp(lp - m), axis=0)
+        lse = xp.where(s > 0, xp.log(xp.where(s > 0, s, 1.0)) + m, -math.inf).astype(xp.float32)
+        w = xp.exp(lp - xp.where(lse == -math.inf, 0.0, lse))
+        res = xp.sum(w[..., None] * xp.asarray(out_partial).astype(xp.float32), axis=0)
         res = res.astype(out_partial.dtype if out_dtype is None else out_dtype)
     if out is not None:
         out[...] = res
@@ -297,8 +303,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     if _is_torch(cache_seqlens):
         torch = sys.modules["torch"]
         return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
-    import numpy as np
-    return np.empty(0, dtype=np.int32)
+    return _arrays.empty((0,), "int32", cache_seqlens)
 
 
 # ---- low-level calls: no autograd, any backend -------------------------------------
@@ -307,34 +312,34 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
             num_splits=0, backend=None):
-    """One fa3c_fwd call on numpy arrays or torch tensors. Returns (out, lse).
-    backend: None (CPU for host memory, CUDA for CUDA tensors), "auto", "cpu", "cuda" or
-    "cpu_reference" (the naive float64 oracle)."""
-    ops = _ops_for(q)
-    stream, guard, backend = _where(q, backend)
+    """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
+    (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
+    "cuda" or "cpu_reference" (the naive float64 oracle)."""
+    ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
-        return _core.forward(ops, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                             seqused_k=seqused_k, page_table=page_table,
-                             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                             softcap=softcap, q_descale=q_descale, k_descale=k_descale,
-                             v_descale=v_descale, num_splits=num_splits, backend=backend,
-                             stream=stream)
+        call = _core.prepare_forward(
+            ops, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+            page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, num_splits=num_splits, backend=backend)
+        call.finish = finish
+        return call.run(stream)
 
 
 def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
              max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
              window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None):
     """One fa3c_bwd call: (dq, dk, dv) from dout and the forward's q, k, v, out, lse."""
-    ops = _ops_for(q)
-    stream, guard, backend = _where(q, backend)
+    ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
-        return _core.backward(ops, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q,
-                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                              max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
-                              softmax_scale=softmax_scale, causal=causal,
-                              window_size=window_size, softcap=softcap,
-                              deterministic=deterministic, backend=backend, stream=stream)
+        call = _core.prepare_backward(
+            ops, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, deterministic=deterministic, backend=backend)
+        call.finish = finish
+        return call.run(stream)
 
 
 def prepare_forward(q, k, v, *, backend=None, **kw):
@@ -343,26 +348,17 @@ def prepare_forward(q, k, v, *, backend=None, **kw):
     .run(stream)) and returns (out, lse), the same arrays every time. The inputs are
     referenced, not copied: update them in place between runs. For benchmarks and
     repeated launches where per-call Python work matters."""
-    ops = _ops_for(q)
-    stream, guard, backend = _where(q, backend)
+    ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(ops, q, k, v, backend=backend, **kw)
-    call.stream = stream
+    call.stream, call.finish = stream, finish
     return call
 
 
 def prepare_backward(dout, q, k, v, out, lse, *, backend=None, **kw):
     """As prepare_forward, for fa3c_bwd: .run() returns (dq, dk, dv)."""
-    ops = _ops_for(q)
-    stream, guard, backend = _where(q, backend)
+    ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_backward(ops, dout, q, k, v, out, lse, backend=backend, **kw)
-    call.stream = stream
+    call.stream, call.finish = stream, finish
     return call
-
-
-def _where(q, backend):
-    if _is_torch(q):
-        be, stream, guard = _torch()._launch(q)
-        return stream, guard, be if backend is None else backend
-    return None, contextlib.nullcontext(), "cpu" if backend is None else backend
