@@ -32,8 +32,8 @@ class Layout:
         if self.paged and self.varlen_k:
             raise bad("page_table and cu_seqlens_k cannot be used together")
         qs, ks, vs = ops.shape(q), ops.shape(k), ops.shape(v)
-        if ks != vs:
-            raise bad("k and v must have the same shape (got %s and %s)" % (ks, vs))
+        if ks[:-1] != vs[:-1]:
+            raise bad("k and v must have the same shape but for the head dim (got %s and %s)" % (ks, vs))
         nq = 3 if self.varlen_q else 4
         nk = 3 if self.varlen_k else 4
         if len(qs) != nq:
@@ -46,10 +46,9 @@ class Layout:
                 else "(num_pages, page_size, heads_kv, headdim) with page_table" if self.paged
                 else "(batch, seqlen_k, heads_kv, headdim)", ks))
         if qs[-1] != ks[-1]:
-            raise NotImplementedError(
-                "fa3c: q and k/v must have the same head dim (got %d and %d); a separate "
-                "value head dim is not supported" % (qs[-1], ks[-1]))
+            raise bad("q and k must have the same head dim (got %d and %d)" % (qs[-1], ks[-1]))
         self.headdim = qs[-1]
+        self.headdim_v = vs[-1]   # v's, out's, dout's (MLA: 128 under q, k of 192)
         self.heads_q = qs[-2]
         self.heads_kv = ks[-2]
         # batch: from cu_seqlens when present, else from the leading dims
@@ -95,7 +94,7 @@ class Layout:
         return s[0]
 
     def out_shape(self, ops, q):
-        return ops.shape(q)
+        return ops.shape(q)[:-1] + (self.headdim_v,)
 
     def lse_shape(self):
         if self.varlen_q:
@@ -124,6 +123,7 @@ def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, 
     pr.heads_q = lay.heads_q
     pr.heads_kv = lay.heads_kv
     pr.headdim = lay.headdim
+    pr.headdim_v = 0 if lay.headdim_v == lay.headdim else lay.headdim_v
     pr.softmax_scale = float(softmax_scale)
     pr.causal = int(bool(causal))
     pr.window_left = int(window_size[0])
@@ -222,11 +222,12 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
         raise bad("q_descale/k_descale/v_descale apply to float8_e4m3fn inputs only")
 
     out_code = _lib.DTYPE_BF16 if dt == _lib.DTYPE_E4M3 else dt
+    out_shape = lay.out_shape(ops, q)
     if out is None:
-        out = ops.empty(ops.shape(q), out_code, q)
+        out = ops.empty(out_shape, out_code, q)
     else:
-        if ops.shape(out) != ops.shape(q) or ops.dtype_code(out) != out_code:
-            raise bad("out must have q's shape %s and dtype code %d" % (ops.shape(q), out_code))
+        if ops.shape(out) != out_shape or ops.dtype_code(out) != out_code:
+            raise bad("out must have shape %s (q's, with v's head dim) and dtype code %d" % (out_shape, out_code))
     lse = ops.empty(lay.lse_shape(), _lib.DTYPE_FP32, q)
 
     p = _lib.FwdParams()
@@ -261,8 +262,9 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     used_k = ops.int32(seqused_k, q)
     lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, None)
     for name, x in (("out", out), ("dout", dout)):
-        if ops.shape(x) != ops.shape(q):
-            raise bad("backward: %s must have q's shape %s (got %s)" % (name, ops.shape(q), ops.shape(x)))
+        if ops.shape(x) != lay.out_shape(ops, q):
+            raise bad("backward: %s must have shape %s (q's, with v's head dim; got %s)"
+                      % (name, lay.out_shape(ops, q), ops.shape(x)))
     lse = ops.contiguous_f32(lse)
     if ops.shape(lse) != lay.lse_shape():
         raise bad("backward: lse must have shape %s (got %s)" % (lay.lse_shape(), ops.shape(lse)))

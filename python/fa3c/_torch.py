@@ -150,7 +150,7 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, num_splits, deterministic):
-    out = q.new_empty(q.shape, dtype=_out_dtype(q.dtype))
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q.dtype))
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     else:

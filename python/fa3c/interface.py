@@ -70,7 +70,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
                     return_attn_probs=False):
     """Attention over (batch, seqlen, heads, headdim) q and (batch, seqlen_k, heads_kv, headdim)
-    k, v. causal is bottom-right aligned; window_size=(left, right), -1 = unbounded;
+    k, v (v may have a head dim of its own, headdim_v: out and dv take it; CPU backend for
+    now). causal is bottom-right aligned; window_size=(left, right), -1 = unbounded;
     softcap > 0 applies softcap * tanh(score / softcap). pack_gqa is a tuning hint and is
     ignored. Returns out, or (out, softmax_lse) with return_attn_probs=True; softmax_lse is
     float32 (batch, heads, seqlen_q)."""

@@ -72,7 +72,7 @@ def bwd_seq(q, k, v, dout, scale, causal=False, window=(-1, -1), softcap=0.0):
     dq = np.einsum("hqk,khd->qhd", ds, kk) * scale
     dkk = np.einsum("hqk,qhd->khd", ds, q) * scale
     dk = dkk.reshape(sk, hkv, g, d).sum(2)
-    dv = dvv.reshape(sk, hkv, g, d).sum(2)
+    dv = dvv.reshape(sk, hkv, g, dvv.shape[-1]).sum(2)   # v's head dim may differ from d
     return dq, dk, dv
 
 

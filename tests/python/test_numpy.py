@@ -314,6 +314,8 @@ def test_bad_shapes_and_types(rng):
     q = randn(rng, (1, 8, 2, 16), np.float32)
     with pytest.raises(fa3c.Fa3cError, match="same shape"):
         fa3c.flash_attn_func(q, q, q[:, :4])
+    with pytest.raises(fa3c.Fa3cError, match="same head dim"):
+        fa3c.flash_attn_func(q, q[..., :8], q)
     with pytest.raises(fa3c.Fa3cError, match="same dtype"):
         fa3c.flash_attn_func(q, q, q.astype(np.float16))
     with pytest.raises(TypeError, match="unsupported dtype"):
