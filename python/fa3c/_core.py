@@ -139,6 +139,16 @@ def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, 
         pr.num_pages = lay.num_pages
 
 
+def _sinks(ops, sinks, lay):
+    """The sink logits as a contiguous float32 (heads_q,) array, or None."""
+    if sinks is None:
+        return None
+    s = ops.contiguous_f32(sinks)
+    if ops.shape(s) != (lay.heads_q,):
+        raise bad("sinks must have shape (heads_q,) = (%d,) (got %s)" % (lay.heads_q, ops.shape(s)))
+    return s
+
+
 def default_scale(headdim):
     return 1.0 / math.sqrt(headdim)
 
@@ -199,7 +209,8 @@ def backward(ops, dout, q, k, v, out, lse, stream=None, **kw):
 def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                     max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                     causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None,
-                    k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None):
+                    k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None,
+                    sinks=None):
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
     dt = ops.dtype_code(q)
     for name, x in (("k", k), ("v", v)):
@@ -241,16 +252,18 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.out = _tensor(ops, out, lay.varlen_q)
     p.lse = ops.ptr(lse)
     p.q_descale, p.k_descale, p.v_descale = [ops.ptr(d) if d is not None else None for d in descales]
+    sinks = _sinks(ops, sinks, lay)
+    p.problem.sinks = ops.ptr(sinks) if sinks is not None else None
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
-    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales),
+    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks),
                 check_fn=L.fa3c_fwd_check)
 
 
 def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None,
                      max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
                      causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
-                     backend="auto"):
+                     backend="auto", sinks=None):
     dout, q, k, v, out = [ops.prepare(x) for x in (dout, q, k, v, out)]
     dt = ops.dtype_code(q)
     for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
@@ -291,9 +304,15 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     p.dv = _tensor(ops, dv, lay.varlen_k)
     p.deterministic = int(bool(deterministic))
     p.backend = backend_code(backend)
+    outputs = (dq, dk, dv)
+    sinks = _sinks(ops, sinks, lay)
+    if sinks is not None:   # and their gradient, a fourth output
+        dsinks = ops.empty((lay.heads_q,), _lib.DTYPE_FP32, q)
+        p.problem.sinks, p.dsinks = ops.ptr(sinks), ops.ptr(dsinks)
+        outputs += (dsinks,)
     # NOT_SUPPORTED from a backward usually means "this backend has no backward
     # for this case yet": the error says it was the backward, then the reason.
-    return Call(L.fa3c_bwd, p, (dq, dk, dv), (dout, q, k, v, out, lse, cu_q, cu_k, used_k),
+    return Call(L.fa3c_bwd, p, outputs, (dout, q, k, v, out, lse, cu_q, cu_k, used_k, sinks),
                 context="fa3c backward", check_fn=L.fa3c_bwd_check)
 
 

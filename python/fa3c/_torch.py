@@ -117,7 +117,7 @@ def _launch(q):
 
 def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, num_splits, deterministic):
+              window_right, softcap, num_splits, deterministic, sinks=None):
     """The forward itself: what the fa3c::fwd op runs, and what eager calls that need no
     gradient run directly (the op's dispatch costs tens of microseconds per call)."""
     backend, stream, guard = _launch(q)
@@ -129,7 +129,7 @@ def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_desc
             seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
             causal=causal, window_size=(window_left, window_right), softcap=softcap,
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-            num_splits=num_splits, backend=backend, stream=stream)
+            num_splits=num_splits, backend=backend, stream=stream, sinks=sinks)
 
 
 @torch.library.custom_op("fa3c::fwd", mutates_args=())
@@ -140,16 +140,16 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            v_descale: Optional[torch.Tensor],
            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
            window_left: int, window_right: int, softcap: float, num_splits: int,
-           deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+           deterministic: bool, sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale,
                      k_descale, v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                     window_left, window_right, softcap, num_splits, deterministic)
+                     window_left, window_right, softcap, num_splits, deterministic, sinks)
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, num_splits, deterministic):
+              window_right, softcap, num_splits, deterministic, sinks):
     out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q.dtype))
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -164,30 +164,36 @@ def bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
            seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
            softmax_scale: float, causal: bool, window_left: int, window_right: int,
-           softcap: float, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           softcap: float, deterministic: bool,
+           sinks: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks); dsinks is empty without sinks."""
     backend, stream, guard = _launch(q)
     with guard:
-        return _core.backward(
+        grads = _core.backward(
             OPS, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q if cu_seqlens_q is not None else None,
             max_seqlen_k=max_seqlen_k if cu_seqlens_k is not None else None,
             seqused_k=seqused_k, softmax_scale=softmax_scale, causal=causal,
             window_size=(window_left, window_right), softcap=softcap,
-            deterministic=deterministic, backend=backend, stream=stream)
+            deterministic=deterministic, backend=backend, stream=stream, sinks=sinks)
+    if sinks is None:
+        grads = tuple(grads) + (q.new_empty((0,), dtype=torch.float32),)
+    return tuple(grads)
 
 
 @bwd_op.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-              deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+              deterministic, sinks):
+    dsinks = q.new_empty((0 if sinks is None else sinks.shape[0],), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal, wl, wr,
-     softcap, num_splits, deterministic) = inputs
+     softcap, num_splits, deterministic, sinks) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k, sinks)
     ctx.paged = page_table is not None
     ctx.fp8 = qd is not None or q.dtype == getattr(torch, "float8_e4m3fn", None)
     ctx.args = (msq, msk, scale, causal, wl, wr, softcap, deterministic)
@@ -196,15 +202,15 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     # The gradient through lse (dlse) is ignored, as in FA3: lse is returned
     # for inspection and merging, not as a differentiable output.
-    q, k, v, out, lse, cu_q, cu_k, used_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, used_k, sinks = ctx.saved_tensors
     if ctx.paged:
         raise NotImplementedError("fa3c: no backward through a paged KV cache (page_table)")
     if ctx.fp8:
         raise NotImplementedError("fa3c: float8_e4m3fn attention is forward only")
     msq, msk, scale, causal, wl, wr, softcap, deterministic = ctx.args
-    dq, dk, dv = torch.ops.fa3c.bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, msq, msk, scale,
-                                    causal, wl, wr, softcap, deterministic)
-    return (dq, dk, dv) + (None,) * 16
+    dq, dk, dv, dsinks = torch.ops.fa3c.bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, msq, msk,
+                                            scale, causal, wl, wr, softcap, deterministic, sinks)
+    return (dq, dk, dv) + (None,) * 16 + (dsinks.to(sinks.dtype) if sinks is not None else None,)
 
 
 fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -231,11 +237,11 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal,
-                wl, wr, softcap, num_splits, deterministic):
+                wl, wr, softcap, num_splits, deterministic, sinks):
         out, lse = torch.ops.fa3c.fwd(q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk,
-                                      scale, causal, wl, wr, softcap, num_splits, deterministic)
+                                      scale, causal, wl, wr, softcap, num_splits, deterministic, sinks)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale,
-                             causal, wl, wr, softcap, num_splits, deterministic), (out, lse))
+                             causal, wl, wr, softcap, num_splits, deterministic, sinks), (out, lse))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -247,8 +253,9 @@ class _Attention(torch.autograd.Function):
 def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
               causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None,
-              v_descale=None, num_splits=1, deterministic=False):
-    """Differentiable attention through the custom ops. Returns (out, lse)."""
+              v_descale=None, num_splits=1, deterministic=False, sinks=None):
+    """Differentiable attention through the custom ops. Returns (out, lse). sinks:
+    (heads_q,) logits, differentiable."""
     if softmax_scale is None:
         softmax_scale = _core.default_scale(q.shape[-1])
     if cu_seqlens_q is not None and max_seqlen_q is None:
@@ -263,8 +270,9 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
     wl, wr = window_size
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, qd, kd, vd,
             int(max_seqlen_q or 0), int(max_seqlen_k or 0), float(softmax_scale), bool(causal),
-            int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic))
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic), sinks)
+    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
         return _Attention.apply(*args)
     if torch.compiler.is_compiling():
         return torch.ops.fa3c.fwd(*args)   # traced: the graph must see the op

@@ -14,7 +14,8 @@ What the layer asks for is mapped onto fa3c's arguments: `scaling` is the
 softmax scale, `is_causal` (else the module's is_causal) is `causal`, a
 `sliding_window` of W (keys less than W positions back) is window_size
 (W - 1, W - 1), `softcap` is softcap; GQA needs nothing (fa3c takes fewer KV
-heads). As in transformers' own FlashAttention path, the window comes from the
+heads); `s_aux` (gpt-oss's attention sinks, one logit per head) is fa3c's sinks
+(CPU backend for now). As in transformers' own FlashAttention path, the window comes from the
 call's sliding_window argument only: some models keep a module.sliding_window
 on layers that do not use it.
 
@@ -34,7 +35,7 @@ import torch
 from . import interface
 
 # Arguments some models pass that fa3c has no equivalent for.
-_UNSUPPORTED = ("s_aux", "position_bias", "cu_seq_lens_q", "cu_seq_lens_k")
+_UNSUPPORTED = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k")
 
 
 def _pattern(sq, sk, causal, window, device):
@@ -112,7 +113,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     out = interface.flash_attn_func(query.transpose(1, 2), key.transpose(1, 2),
                                     value.transpose(1, 2), softmax_scale=scaling,
                                     causal=bool(is_causal), window_size=window,
-                                    softcap=float(softcap or 0.0))
+                                    softcap=float(softcap or 0.0), s_aux=kwargs.get("s_aux"))
     return out, None
 
 

@@ -68,17 +68,18 @@ def _array_attention(q, k, v, **kw):
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False):
+                    return_attn_probs=False, s_aux=None):
     """Attention over (batch, seqlen, heads, headdim) q and (batch, seqlen_k, heads_kv, headdim)
     k, v (v may have a head dim of its own, headdim_v: out and dv take it; CPU backend for
     now). causal is bottom-right aligned; window_size=(left, right), -1 = unbounded;
     softcap > 0 applies softcap * tanh(score / softcap). pack_gqa is a tuning hint and is
     ignored. Returns out, or (out, softmax_lse) with return_attn_probs=True; softmax_lse is
-    float32 (batch, heads, seqlen_q)."""
+    float32 (batch, heads, seqlen_q). s_aux (vLLM's name; not in FA3): attention sinks,
+    one float32 logit per query head (heads,), differentiable (CPU backend for now)."""
     _common_unsupported(qv, attention_chunk, sm_margin)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-              num_splits=num_splits, deterministic=deterministic)
+              num_splits=num_splits, deterministic=deterministic, sinks=s_aux)
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
@@ -91,19 +92,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
-                           return_attn_probs=False):
+                           return_attn_probs=False, s_aux=None):
     """Variable-length batches packed along the token axis: q is (total_q, heads, headdim),
     k and v (total_k, heads_kv, headdim), cu_seqlens_* int32 (batch + 1,) prefix sums in the
     same memory as the tensors. Returns out, or (out, softmax_lse) with softmax_lse float32
     (heads, total_q). The CUDA backend may not support varlen yet: that raises Fa3cError
-    with the library's reason."""
+    with the library's reason. s_aux: attention sinks, as flash_attn_func's."""
     _common_unsupported(qv, attention_chunk, sm_margin)
     _unsupported(seqused_q=(seqused_q, None))
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
-              deterministic=deterministic)
+              deterministic=deterministic, sinks=s_aux)
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
@@ -312,10 +313,11 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
-            num_splits=0, backend=None):
+            num_splits=0, backend=None, sinks=None):
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
-    "cuda" or "cpu_reference" (the naive float64 oracle)."""
+    "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
+    query head in every row's softmax (docs/API.md; CPU backends for now)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(
@@ -323,22 +325,23 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
             page_table=page_table, softmax_scale=softmax_scale, causal=causal,
             window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
-            v_descale=v_descale, num_splits=num_splits, backend=backend)
+            v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks)
         call.finish = finish
         return call.run(stream)
 
 
 def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
              max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
-             window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None):
-    """One fa3c_bwd call: (dq, dk, dv) from dout and the forward's q, k, v, out, lse."""
+             window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None, sinks=None):
+    """One fa3c_bwd call: (dq, dk, dv) from dout and the forward's q, k, v, out, lse;
+    with the forward's sinks, (dq, dk, dv, dsinks)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_backward(
             ops, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-            softcap=softcap, deterministic=deterministic, backend=backend)
+            softcap=softcap, deterministic=deterministic, backend=backend, sinks=sinks)
         call.finish = finish
         return call.run(stream)
 

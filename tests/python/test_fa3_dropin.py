@@ -21,18 +21,21 @@ import attn_reference as ref
 NAME = "flash_attn_interface"
 
 # FA3's public functions (hopper/flash_attn_interface.py) as inspect prints their
-# parameters. One difference: FA3's qkv_dtype default is torch.bfloat16; fa3c's is None,
-# since naming torch there would make `import fa3c` need it (and fa3c ignores qkv_dtype).
+# parameters. Two differences: FA3's qkv_dtype default is torch.bfloat16; fa3c's is None,
+# since naming torch there would make `import fa3c` need it (and fa3c ignores qkv_dtype);
+# and fa3c adds s_aux=None last to flash_attn_func and flash_attn_varlen_func (attention
+# sinks, as vLLM's FA3 fork names them), which FA3 code never passes.
 FA3_SIGNATURES = {
     "flash_attn_func":
         "q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, "
         "v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, "
-        "pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False",
+        "pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, s_aux=None",
     "flash_attn_varlen_func":
         "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None, "
         "seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, "
         "k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, "
-        "num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False",
+        "num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False, "
+        "s_aux=None",
     "flash_attn_qkvpacked_func":
         "qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None, "
         "window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=False, "

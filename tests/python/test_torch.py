@@ -186,18 +186,22 @@ def test_cpu_compile_fullgraph():
 
 def test_opcheck_cpu():
     q, k, v = torch.randn(1, 9, 2, 16), torch.randn(1, 11, 1, 16), torch.randn(1, 11, 1, 16)
-    args = (q, k, v, None, None, None, None, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, 1, False)
-    torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    sinks = torch.tensor([0.5, -1.0])
+    for s in (None, sinks):
+        args = (q, k, v, None, None, None, None, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, 1, False, s)
+        torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
 def test_opcheck_cpu_backward():
     torch.manual_seed(12)
     q, k, v = torch.randn(1, 9, 2, 16), torch.randn(1, 11, 1, 16), torch.randn(1, 11, 1, 16)
-    out, lse = fa3c.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
-    args = (torch.randn_like(out), q, k, v, out, lse, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, False)
-    torch.library.opcheck(torch.ops.fa3c.bwd.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    for s in (None, torch.tensor([0.5, -1.0])):
+        out, lse = fa3c.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, s_aux=s)
+        args = (torch.randn_like(out), q, k, v, out, lse, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0,
+                False, s)
+        torch.library.opcheck(torch.ops.fa3c.bwd.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
 def test_lse_is_not_differentiable_but_returned():
