@@ -147,6 +147,18 @@ FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int h
 // block to claim a tile's flag (0 -> 1) stores its dQ there and raises the
 // flag to 2 once the store is complete; the others wait for 2, then add.
 // deterministic = 1 adds in turn from the consumers instead.
+// FA3C_BWD_DQ_CLAIM_EARLY: claim dQ tile `flag`'s first write (0 -> 1) for
+// this key block; returns the flag's old value: 0 (this block stores), or,
+// once a first store in progress is complete, 2 (this block adds after it:
+// the acquire and the proxy fence order the reduction after that store).
+FA3C_DEVICE int claim_dq_tile(int *flag) {
+    const int old = atom_cas_acquire_gpu(flag, 0, 1);
+    if (old == 0) return 0;
+    if (old != 2) wait_counter_at_least(flag, 2);
+    fence_proxy_async_global();
+    return 2;
+}
+
 template <int D, class Smem>
 FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
     enum { M = FA3C_BWD_BLOCK_M(D), BYTES = M * D * 4 };
@@ -157,8 +169,9 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
         const int head = head_kv * p.group + it / blocks, m = bwd_walk_block(it, m_begin, m_end, m_first);
         float *tile = bwd_dq_tile<D>(p, batch, head, m);
         int *flag = p.dq_written ? p.dq_written + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m : nullptr;
+        const int claimed = FA3C_BWD_DQ_CLAIM_EARLY && flag ? claim_dq_tile(flag) : -1;
         mbar_wait_parity(&sm.dq_full, it & 1);
-        if (flag && atomicCAS(flag, 0, 1) == 0) {
+        if (flag && (FA3C_BWD_DQ_CLAIM_EARLY ? claimed == 0 : atomicCAS(flag, 0, 1) == 0)) {
             bulk_store(tile, sm.dq, BYTES);
             tma_store_commit();
             tma_store_wait_read();
@@ -168,7 +181,7 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
             st_release_gpu(flag, 2);
             continue;
         }
-        if (flag) {
+        if (flag && !FA3C_BWD_DQ_CLAIM_EARLY) {
             wait_counter_at_least(flag, 2);
             fence_proxy_async_global();
         }

@@ -85,6 +85,14 @@
 #ifndef FA3C_BWD_DQ_FIRST_WRITE
 #define FA3C_BWD_DQ_FIRST_WRITE 512
 #endif
+/* 1: the writer claims a tile's flag for step it (an acquiring CAS, and the
+ * wait for a first store in progress) before waiting for the consumers' dQ,
+ * so that the round trips run under their step instead of between dq_full
+ * and the reduction (the hypothesis for the main kernel's 3-4%: not yet
+ * GPU-run, docs/KNOBS.md). 0: claimed after dq_full, as measured. */
+#ifndef FA3C_BWD_DQ_CLAIM_EARLY
+#define FA3C_BWD_DQ_CLAIM_EARLY 0
+#endif
 
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed,
  * docs/KNOBS.md; 0 makes it NOT_SUPPORTED). */

@@ -413,6 +413,14 @@ FA3C_DEVICE void st_release_gpu(int *p, int value) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(value) : "memory");
 }
 
+// *p = desired if *p == expected; returns the old value, acquiring at GPU scope.
+FA3C_DEVICE int atom_cas_acquire_gpu(int *p, int expected, int desired) {
+    int old;
+    asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(expected), "r"(desired)
+                 : "memory");
+    return old;
+}
+
 FA3C_DEVICE int ld_acquire_gpu(const int *p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
