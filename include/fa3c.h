@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 1
+#define FA3C_VERSION_MINOR 2
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -171,7 +171,7 @@ FA3C_API const char *fa3c_status_string(fa3c_status s);
  * "k: stride of dim 3 must be 1 (got 2)"; "" after a successful call. */
 FA3C_API const char *fa3c_last_error(void);
 
-/* "0.1.0" */
+/* "0.2.0" */
 FA3C_API const char *fa3c_version(void);
 
 /* The layout of a public struct as this library was built: with field NULL

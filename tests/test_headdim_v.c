@@ -116,8 +116,16 @@ static void check_case(const vcase *c) {
     pad(y.v, x.v, dt, rk, c->dv, W);
     pad(y.dout, x.dout, dt, rq, c->dv, W);
     for (fa3c_backend be = FA3C_BACKEND_CPU; be <= FA3C_BACKEND_CPU_REFERENCE; be += 2) {
-        tu_poison(x.out, (size_t)rq * c->dv * tu_dtype_size(dt));
+        tu_poison(x.out, (size_t)rq * c->dv * tu_dtype_size(dt));   /* every output, both calls: each backend */
+        tu_poison(x.dq, (size_t)rq * c->d * tu_dtype_size(dt));     /* must write them all itself */
+        tu_poison(x.dk, (size_t)rk * c->d * tu_dtype_size(dt));
         tu_poison(x.dv, (size_t)rk * c->dv * tu_dtype_size(dt));
+        tu_poison(x.lse, sizeof(float) * rq);
+        tu_poison(y.out, (size_t)rq * W * tu_dtype_size(dt));
+        tu_poison(y.dq, (size_t)rq * W * tu_dtype_size(dt));
+        tu_poison(y.dk, (size_t)rk * W * tu_dtype_size(dt));
+        tu_poison(y.dv, (size_t)rk * W * tu_dtype_size(dt));
+        tu_poison(y.lse, sizeof(float) * rq);
         if (!run(c, be, c->d, c->dv, &x, cq, ck) || !run(c, be, W, W, &y, cq, ck)) break;
         /* Same sums over the same numbers (zeros added): equal up to the order of a float sum. */
         const double tol = dt == FA3C_DTYPE_FP32 ? 1e-5 : 2e-2;

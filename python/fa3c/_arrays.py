@@ -44,6 +44,10 @@ class _Numpy:
     def empty(shape, name):
         return np.empty(shape, dtype=_numpy.dtype(name))
 
+    @staticmethod
+    def from_host(a):
+        return a
+
 
 class _Namespace:
     """Arrays from the caller's array library (CuPy, JAX...), on q's device."""
@@ -257,6 +261,20 @@ class ArrayOps:
         out = self.lib.empty(tuple(shape), _NAMES[code])
         self.view(out)   # read now; also checks that it landed on q's device
         return out
+
+    def zeros_f32(self, n, like):
+        """n float32 zeros of q's library, where q lives (like: q, unused: self knows it)."""
+        out = self.lib.from_host(np.zeros((n,), dtype=np.float32))
+        self.view(out)
+        return out
+
+    def check_writable(self, x, name):
+        """A caller's array fa3c is to write: refused if its producer marked it read-only
+        or handed over a copy (DLPack 1.x flags), where the writes would be lost."""
+        v = self.view(x)
+        if v.flags & (_dlpack.FLAG_READ_ONLY | _dlpack.FLAG_IS_COPIED):
+            raise bad("fa3c: %s is %s (DLPack flags): fa3c cannot write its results there"
+                      % (name, "read-only" if v.flags & _dlpack.FLAG_READ_ONLY else "a copy"))
 
     def int32(self, x, like):
         what = "cu_seqlens / seqused_k / page_table"

@@ -10,6 +10,7 @@ strides, not shapes): that q, k, v, cu_seqlens, page_table and descale arrays
 agree with each other. Value checks (head dim, head ratio, window, strides...)
 are left to libfa3c so its message reaches the user verbatim.
 """
+import contextlib
 import ctypes
 import math
 
@@ -178,13 +179,15 @@ class Call:
         self._context = context
         self.stream = None  # used by run() when no stream is given
         self.finish = None  # called after each launch (the array front end's wait for its stream)
+        self.guard = None   # prepared calls: makes the arrays' device current around each launch
 
     def run(self, stream=None):
-        st = self._fn(self._ref, self.stream if stream is None else stream)
-        if st:
-            _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
-        if self.finish is not None:
-            self.finish()
+        with self.guard() if self.guard is not None else contextlib.nullcontext():
+            st = self._fn(self._ref, self.stream if stream is None else stream)
+            if st:
+                _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
+            if self.finish is not None:
+                self.finish()
         return self.outputs
 
     def check(self):
@@ -237,6 +240,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     if out is None:
         out = ops.empty(out_shape, out_code, q)
     else:
+        if hasattr(ops, "check_writable"):
+            ops.check_writable(out, "out")
         if ops.shape(out) != out_shape or ops.dtype_code(out) != out_code:
             raise bad("out must have shape %s (q's, with v's head dim) and dtype code %d" % (out_shape, out_code))
     lse = ops.empty(lay.lse_shape(), _lib.DTYPE_FP32, q)
@@ -307,7 +312,8 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     outputs = (dq, dk, dv)
     sinks = _sinks(ops, sinks, lay)
     if sinks is not None:   # and their gradient, a fourth output
-        dsinks = ops.empty((lay.heads_q,), _lib.DTYPE_FP32, q)
+        # Zeros: an empty problem (nothing to sum) writes nothing.
+        dsinks = ops.zeros_f32(lay.heads_q, q)
         p.problem.sinks, p.dsinks = ops.ptr(sinks), ops.ptr(dsinks)
         outputs += (dsinks,)
     # NOT_SUPPORTED from a backward usually means "this backend has no backward

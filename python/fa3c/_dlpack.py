@@ -15,6 +15,9 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 
                  9: "vpi", 10: "rocm", 11: "rocm_host", 12: "ext_dev", 13: "cuda_managed",
                  14: "oneapi", 15: "webgpu", 16: "hexagon", 17: "maia", 18: "trn"}
 
+# DLManagedTensorVersioned.flags bits
+FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
+
 # DLDataTypeCode values
 INT, UINT, FLOAT, BFLOAT, FLOAT8_E4M3FN = 0, 1, 2, 4, 10
 _CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "handle", 4: "bfloat", 5: "complex",
@@ -94,9 +97,9 @@ class View:
     as the View. dtype is DLPack's (code, bits, lanes), name its readable form; code
     is the fa3c_dtype, or None for types fa3c does not compute in."""
 
-    __slots__ = ("array", "owner", "ptr", "shape", "strides", "dtype", "code", "name", "device")
+    __slots__ = ("array", "owner", "ptr", "shape", "strides", "dtype", "code", "name", "device", "flags")
 
-    def __init__(self, array, owner, ptr, shape, strides, dtype, device):
+    def __init__(self, array, owner, ptr, shape, strides, dtype, device, flags=0):
         self.array = array
         self.owner = owner
         self.ptr = ptr
@@ -106,6 +109,7 @@ class View:
         self.code = FA3C_DTYPES.get(dtype[:2]) if dtype[2] == 1 else None
         self.name = dtype_name(dtype)
         self.device = device
+        self.flags = flags   # DLPack 1.x flags (FLAG_*); 0 for older capsules and numpy's own views
 
     @property
     def itemsize(self):
@@ -126,12 +130,13 @@ def export(x, stream=None):
     except TypeError:   # a producer from before DLPack 1.0 takes no max_version
         capsule = x.__dlpack__(stream=stream)
     name = _capsule_name(capsule)
+    flags = 0
     if name == b"dltensor_versioned":
         m = _ManagedVersioned.from_address(_capsule_pointer(capsule, name))
         if m.version.major != 1:
             raise BufferError("fa3c: %s.__dlpack__ gave a DLPack %d.%d tensor; fa3c reads 1.x"
                               % (type(x).__name__, m.version.major, m.version.minor))
-        t = m.dl_tensor
+        t, flags = m.dl_tensor, int(m.flags)
     elif name == b"dltensor":
         t = _Managed.from_address(_capsule_pointer(capsule, name)).dl_tensor
     else:
@@ -141,7 +146,7 @@ def export(x, stream=None):
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else compact_strides(shape)
     return View(x, capsule, (t.data or 0) + t.byte_offset, shape, strides,
                 (t.dtype.code, t.dtype.bits, t.dtype.lanes),
-                (t.device.device_type, t.device.device_id))
+                (t.device.device_type, t.device.device_id), flags)
 
 
 def device_of(x):

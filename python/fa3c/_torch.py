@@ -68,6 +68,10 @@ class TorchOps:
         return torch.empty(shape, dtype=_FROM_CODE[code], device=like.device)
 
     @staticmethod
+    def zeros_f32(n, like):
+        return torch.zeros((n,), dtype=torch.float32, device=like.device)
+
+    @staticmethod
     def int32(x, like):
         if x is None:
             return None
@@ -268,6 +272,8 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
     else:
         qd = kd = vd = None
     wl, wr = window_size
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float32, device=q.device)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, qd, kd, vd,
             int(max_seqlen_q or 0), int(max_seqlen_k or 0), float(softmax_scale), bool(causal),
             int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic), sinks)

@@ -356,6 +356,7 @@ def prepare_forward(q, k, v, *, backend=None, **kw):
     with guard:
         call = _core.prepare_forward(ops, q, k, v, backend=backend, **kw)
     call.stream, call.finish = stream, finish
+    call.guard = None if _is_torch(q) else ops.guard
     return call
 
 
@@ -365,4 +366,5 @@ def prepare_backward(dout, q, k, v, out, lse, *, backend=None, **kw):
     with guard:
         call = _core.prepare_backward(ops, dout, q, k, v, out, lse, backend=backend, **kw)
     call.stream, call.finish = stream, finish
+    call.guard = None if _is_torch(q) else ops.guard
     return call

@@ -139,14 +139,6 @@ FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int h
     return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
 }
 
-// The dQ writer (FA3C_BWD_WRITER_ON), one thread of the producer
-// warpgroup, either kernel: per step (the consumers' walk), wait for both
-// warpgroups' dQ in sm.dq, add it to the block's tile with one bulk
-// reduction, and hand the buffer back once read. With p.dq_written
-// (FA3C_BWD_DQ_FIRST_WRITE) the accumulator was not zeroed: the first key
-// block to claim a tile's flag (0 -> 1) stores its dQ there and raises the
-// flag to 2 once the store is complete; the others wait for 2, then add.
-// deterministic = 1 adds in turn from the consumers instead.
 // FA3C_BWD_DQ_CLAIM_EARLY: claim dQ tile `flag`'s first write (0 -> 1) for
 // this key block; returns the flag's old value: 0 (this block stores), or,
 // once a first store in progress is complete, 2 (this block adds after it:
@@ -159,6 +151,14 @@ FA3C_DEVICE int claim_dq_tile(int *flag) {
     return 2;
 }
 
+// The dQ writer (FA3C_BWD_WRITER_ON), one thread of the producer
+// warpgroup, either kernel: per step (the consumers' walk), wait for both
+// warpgroups' dQ in sm.dq, add it to the block's tile with one bulk
+// reduction, and hand the buffer back once read. With p.dq_written
+// (FA3C_BWD_DQ_FIRST_WRITE) the accumulator was not zeroed: the first key
+// block to claim a tile's flag (0 -> 1) stores its dQ there and raises the
+// flag to 2 once the store is complete; the others wait for 2, then add.
+// deterministic = 1 adds in turn from the consumers instead.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
     enum { M = FA3C_BWD_BLOCK_M(D), BYTES = M * D * 4 };

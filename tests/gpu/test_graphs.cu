@@ -3,7 +3,10 @@
 // cudaMallocAsync, becomes the graph's memory nodes) and the graph replayed,
 // with new inputs written in place between replays, must give exactly what
 // an eager call on the same inputs gives: the forward's split-KV decode (the
-// combine included) and the deterministic backward, bit for bit.
+// combine included) and the deterministic backward bit for bit; the default
+// backward (dQ's sums in any order) within a bf16 rounding of dq. Each call
+// runs once eagerly first, so that one-time set-up (kernel attributes, module
+// loading) is not what the capture meets.
 #include "gpu_util.cuh"
 #include "testutil.h"
 #include "backend.h"
@@ -14,6 +17,22 @@ static void fill_device(void *d, fa3c_dtype dt, int64_t n) {
     cudaMemcpy(d, h, (size_t)n * tu_dtype_size(dt), cudaMemcpyHostToDevice);
     cudaDeviceSynchronize();   // before the non-blocking stream's next work reads it
     free(h);
+}
+
+// max |a - b| / max |b| over n bf16 values on the device.
+static double rel_diff_bf16(const void *a, const void *b, int64_t n) {
+    uint16_t *x = (uint16_t *)tu_alloc((size_t)n * 2), *y = (uint16_t *)tu_alloc((size_t)n * 2);
+    cudaMemcpy(x, a, (size_t)n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(y, b, (size_t)n * 2, cudaMemcpyDeviceToHost);
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double u = tu_bf16_to_float(x[i]), v = tu_bf16_to_float(y[i]);
+        d = u != u ? INFINITY : fmax(d, fabs(u - v));
+        m = fmax(m, fabs(v));
+    }
+    free(x);
+    free(y);
+    return m > 0 ? d / m : d;
 }
 
 static int same_bytes(const void *a, const void *b, size_t bytes) {
@@ -85,6 +104,9 @@ TEST(graph_decode_with_splits) {
     e.out = tu_tensor(ref, B, SQ, HQ, D);
     e.lse = lse_ref;
 
+    fill_device(q, dt, nq);
+    CHECK(fa3c_fwd(&p, s) == FA3C_STATUS_OK, "eager warm-up: %s", fa3c_last_error());
+    CUDA_OK(cudaStreamSynchronize(s));
     cudaGraphExec_t exec = capture(s, run_fwd, &p, "decode");
     CHECK(fa3c_cuda_fwd_last_num_splits() > 1, "the captured decode did not split (%d)", fa3c_cuda_fwd_last_num_splits());
     for (int round = 0; exec && round < 3; round++) {   // new queries each step, as a decode loop writes them
@@ -101,13 +123,13 @@ TEST(graph_decode_with_splits) {
     cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(out), cudaFree(ref), cudaFree(lse), cudaFree(lse_ref);
 }
 
-TEST(graph_backward_deterministic) {
-    REQUIRE_SM90();
-    enum { B = 2, S = 384, H = 4, D = 128 };
+static void backward_graph(int deterministic) {
+    enum { B = 2, S = 384, H = 4, D = 128 };   // 384 queries: the default takes first writes of dQ
     const fa3c_dtype dt = FA3C_DTYPE_BF16;
     const int64_t n = (int64_t)B * S * H * D;
-    void *buf[9];
-    for (int i = 0; i < 9; i++) CUDA_OK(cudaMalloc(&buf[i], n * 2));   // q k v out dout dq dk dv, and a spare
+    void *buf[8], *eager[3];
+    for (int i = 0; i < 8; i++) CUDA_OK(cudaMalloc(&buf[i], n * 2));   // q k v out dout dq dk dv
+    for (int i = 0; i < 3; i++) CUDA_OK(cudaMalloc(&eager[i], n * 2));
     float *lse;
     CUDA_OK(cudaMalloc((void **)&lse, B * H * S * 4));
     for (int i = 0; i < 3; i++) fill_device(buf[i], dt, n);
@@ -129,29 +151,45 @@ TEST(graph_backward_deterministic) {
     p.dout = tu_tensor(buf[4], B, S, H, D);
     p.lse = lse;
     p.dq = tu_tensor(buf[5], B, S, H, D), p.dk = tu_tensor(buf[6], B, S, H, D), p.dv = tu_tensor(buf[7], B, S, H, D);
-    p.deterministic = 1;   // dq's sums in a fixed order: the graph's and the eager call's bits must agree
+    p.deterministic = deterministic;
     p.backend = FA3C_BACKEND_CUDA;
-    void *eager[3];
-    for (int i = 0; i < 3; i++) CUDA_OK(cudaMalloc(&eager[i], n * 2));
     fa3c_bwd_params e = p;
     e.dq = tu_tensor(eager[0], B, S, H, D), e.dk = tu_tensor(eager[1], B, S, H, D), e.dv = tu_tensor(eager[2], B, S, H, D);
+    fill_device(buf[4], dt, n);
+    CHECK(fa3c_bwd(&e, s) == FA3C_STATUS_OK, "eager warm-up: %s", fa3c_last_error());
+    CUDA_OK(cudaStreamSynchronize(s));
 
-    cudaGraphExec_t exec = capture(s, run_bwd, &p, "backward");
+    cudaGraphExec_t exec = capture(s, run_bwd, &p, deterministic ? "deterministic backward" : "backward");
     for (int round = 0; exec && round < 2; round++) {   // a new dout each step
         fill_device(buf[4], dt, n);
         for (int i = 5; i < 8; i++) CUDA_OK(cudaMemsetAsync(buf[i], 0xFF, n * 2, s));
         CUDA_OK(cudaGraphLaunch(exec, s));
         CHECK(fa3c_bwd(&e, s) == FA3C_STATUS_OK, "eager backward: %s", fa3c_last_error());
         CUDA_OK(cudaStreamSynchronize(s));
-        for (int i = 0; i < 3; i++)
+        // dk, dv sum in registers in a fixed order; dq only with deterministic = 1.
+        for (int i = deterministic ? 0 : 1; i < 3; i++)
             CHECK(same_bytes(buf[5 + i], eager[i], n * 2), "round %d: the graph's %s differs from the eager call's",
                   round, i == 0 ? "dq" : i == 1 ? "dk" : "dv");
+        if (!deterministic) {
+            const double r = rel_diff_bf16(buf[5], eager[0], n);
+            CHECK(r <= 1.0 / 128, "round %d: the graph's dq is %.3g (relative) from the eager call's", round, r);
+        }
     }
     if (exec) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(s);
-    for (int i = 0; i < 9; i++) cudaFree(buf[i]);
+    for (int i = 0; i < 8; i++) cudaFree(buf[i]);
     for (int i = 0; i < 3; i++) cudaFree(eager[i]);
     cudaFree(lse);
+}
+
+TEST(graph_backward_deterministic) {
+    REQUIRE_SM90();
+    backward_graph(1);
+}
+
+TEST(graph_backward) {
+    REQUIRE_SM90();
+    backward_graph(0);
 }
 
 TEST_MAIN()

@@ -349,3 +349,20 @@ def test_gpu_mixed_devices_refused():
     k = DLPackOnly(torch.ones(1, 8, 2, 64, dtype=torch.float16, device="cuda"))
     with pytest.raises(fa3c.Fa3cError, match="q's device, cpu:0 .got one on cuda:0"):
         fa3c.flash_attn_func(q, k, k)
+
+
+def test_read_only_out_is_refused(rng):
+    """out= marked read-only by its producer (DLPack 1.x flags; numpy 2 marks non-writeable
+    arrays): refused, never written."""
+    q = rng.standard_normal((1, 8, 2, 16)).astype(np.float32)
+    out = np.zeros_like(q)
+    out.flags.writeable = False
+    try:
+        capsule_flags = _arrays.ArrayOps(q).view(out).flags
+    except BufferError:
+        pytest.skip("this numpy does not export read-only arrays through DLPack")
+    if not capsule_flags & 1:
+        pytest.skip("this numpy exports no DLPack 1.x flags")
+    with pytest.raises(fa3c.Fa3cError, match="read-only"):
+        fa3c.prepare_forward(q, q, q, out=out)
+    assert not out.any()

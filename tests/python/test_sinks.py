@@ -85,3 +85,20 @@ def test_transformers_attention_takes_s_aux(rng):
     full = torch.cat([logits, s_aux.reshape(1, 4, 1, 1).expand(1, 4, 20, 1)], dim=-1)
     want = (torch.softmax(full, dim=-1)[..., :-1] @ vv).transpose(1, 2)
     assert torch.max(torch.abs(out - want)) < 1e-5
+
+
+def test_empty_backward_gives_zero_dsinks(rng):
+    """A backward with nothing to sum (batch 0) gives dsinks = 0, not garbage."""
+    q, k, v = (np.zeros((0, 8, 4, 32), np.float32) for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]
+    sinks = np.array([0.5, 1.0, -1.0, 2.0], np.float32)
+    out, lse = fa3c.forward(q, k, v, sinks=sinks)
+    *_, dsinks = fa3c.backward(np.zeros_like(out), q, k, v, out, lse, sinks=sinks)
+    assert np.array_equal(dsinks, np.zeros(4, np.float32))
+
+
+def test_s_aux_as_a_list_on_torch(rng):
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    q, k, v, sinks = problem(rng)
+    got = fa3c.flash_attn_func(torch.tensor(q), torch.tensor(k), torch.tensor(v), s_aux=[float(x) for x in sinks])
+    assert np.array_equal(got.numpy(), fa3c.flash_attn_func(q, k, v, s_aux=sinks))
