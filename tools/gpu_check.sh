@@ -55,11 +55,12 @@ grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null
 # 4. compute-sanitizer on small cases (memcheck, racecheck): ragged tiles,
 # GQA packing with an idle consumer warpgroup, split-KV and its combine,
 # sequences with their own key counts (v_guard's zeros), paged KV, packed sequences;
-# memcheck also on causal tiles shifted above row 0.
+# memcheck also on causal tiles shifted above row 0 and on hostile device metadata.
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small fwd_packed_sequences_small"
-    [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top"
+    # memcheck also: device metadata that breaks the contract (test_hostile_metadata.cu).
+    [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top test_hostile_metadata:varlen_cu_seqlens_past_the_tokens test_hostile_metadata:paged_table_past_the_pages test_hostile_metadata:seqused_k_past_the_keys"
     cases=${SANITIZER_CASES:-$cases}   # a short call: only the cases a change touches
     for case in $cases; do   # "binary:case" (e.g. test_bwd:bwd_small) runs another test binary's case
       bin=test_fwd
