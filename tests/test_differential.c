@@ -4,8 +4,8 @@
  * lse, backward dq, dk, dv. Random dtype (fp32/fp16/bf16), batch 1-3, seqlen_q
  * and seqlen_k 1-70 each, GQA ratios, headdim a multiple of 8 up to 128 (mostly
  * small), causal / windows / softcap / scale, varlen with empty sequences,
- * seqused_k, padded and head-major layouts, normal inputs with occasional
- * large-logit outliers.
+ * seqused_k, attention sinks (problem.sinks), padded and head-major layouts,
+ * normal inputs with occasional large-logit outliers.
  *
  * Tolerances are those of test_cpu_fwd.c and test_cpu_bwd.c: forward max
  * error <= 2x the error of the same math done naively in the input precision
@@ -48,6 +48,8 @@ typedef struct {
     float outlier;            /* > 0: about 1% of q and k multiplied by this */
     int layout_seed;          /* picks each tensor's layout */
     int deterministic;
+    int sinks;                /* 1: problem.sinks = sink (one logit per query head, some -inf) */
+    float sink[8];
 } dcase;
 
 static void describe(const dcase *c, FILE *f) {
@@ -56,6 +58,11 @@ static void describe(const dcase *c, FILE *f) {
     fprintf(f, "    causal %d window (%d, %d) softcap %.9g softmax_scale %.9g outlier %g deterministic %d layouts %d\n",
             c->causal, c->wl, c->wr, (double)c->softcap, (double)c->scale, (double)c->outlier, c->deterministic,
             c->layout_seed);
+    if (c->sinks) {
+        fprintf(f, "    sinks");
+        for (int h = 0; h < c->hq; h++) fprintf(f, " %.9g", (double)c->sink[h]);
+        fprintf(f, "\n");
+    }
     fprintf(f, "    lengths q {");
     for (int i = 0; i < c->b; i++) fprintf(f, "%s%d", i ? ", " : "", c->varq ? c->lq[i] : c->sq);
     fprintf(f, "}%s k {", c->varq ? " (cu_seqlens_q)" : "");
@@ -129,6 +136,10 @@ static void gen(dcase *c, int flavor) {
     }
     c->layout_seed = tu_rand_int(0, 1 << 20);
     c->deterministic = tu_rand_int(0, 1);
+    if (tu_rand_int(0, 3) == 0) {   /* drawn last: the other fields' draws stay as they were */
+        c->sinks = 1;
+        for (int h = 0; h < c->hq; h++) c->sink[h] = tu_rand_int(0, 5) == 0 ? -INFINITY : (float)(3 * tu_normal());
+    }
 }
 
 /* ---- buffers ------------------------------------------------------------------- */
@@ -196,6 +207,7 @@ static void build(dsetup *s, const dcase *c) {
     if (c->varq) s->pr.cu_seqlens_q = s->cuq;
     if (c->vark) s->pr.cu_seqlens_k = s->cuk;
     if (c->seqused) s->pr.seqused_k = s->used;
+    if (c->sinks) s->pr.sinks = s->c.sink;
     s->nbq = c->varq ? 1 : c->b, s->nsq = c->varq ? s->cuq[c->b] : c->sq;
     s->nbk = c->vark ? 1 : c->b, s->nsk = c->vark ? s->cuk[c->b] : c->sk;
     s->nq = s->nbq * s->nsq * c->hq * c->d;
@@ -385,6 +397,9 @@ static void rounding_bounds(const dsetup *s, const dinputs *in, const float *out
                     S[j - lo] = sj, dP[j - lo] = dv, sabs[j - lo] = qka * scale, vabs[j - lo] = dva;
                     if (sj > m) m = sj;
                 }
+                const double sink = c->sinks ? (double)c->sink[h] : -INFINITY;   /* in the softmax, no value row */
+                if (sink > m) m = sink;
+                if (c->sinks) sum += exp(sink - m);
                 for (int j = lo; j <= hi; j++) sum += exp(S[j - lo] - m);
                 const double lse = m + log(sum);
                 for (int x = 0; x < d; x++) od += fabs((double)dO[x] * O[x]);
@@ -482,9 +497,10 @@ static void check_case(const dcase *c, dstats *st) {
             key_range(C, i, sq, sk, &lo, &hi);
             for (int h = 0; h < C->hq; h++) {
                 const int64_t o = qrow(&s, b, i, h), l = lse_at(&s, b, h, i);
-                if (lo > hi) {
+                if (lo > hi) {   /* lse -inf, or the sink: its softmax is the sink alone */
                     st->masked_rows++;
-                    int ok = lfl[l] == -INFINITY && lref[l] == -INFINITY;
+                    const float want = C->sinks ? C->sink[h] : -INFINITY;
+                    int ok = lfl[l] == want && lref[l] == want;
                     for (int x = 0; x < C->d; x++) ok &= fl[o + x] == 0.0f && ref[o + x] == 0.0f;
                     bad_masked += !ok;
                 } else {
@@ -493,7 +509,7 @@ static void check_case(const dcase *c, dstats *st) {
             }
         }
     }
-    CHECK(bad_masked == 0, "%lld fully masked rows are not exactly (out 0, lse -inf)", (long long)bad_masked);
+    CHECK(bad_masked == 0, "%lld fully masked rows are not exactly (out 0, lse -inf or the sink)", (long long)bad_masked);
     CHECK(bad_live == 0, "%lld rows that see keys have a non-finite lse", (long long)bad_live);
 
     /* Backward, from the reference forward's out and lse. */
