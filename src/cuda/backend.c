@@ -125,14 +125,20 @@ static const char *dtype_name(fa3c_dtype d) {
     return "?";
 }
 
-fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
-    const fa3c_problem *pr = &p->problem;
+fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: attention sinks run on the CPU backends only so "
                           "far (the CUDA kernels do not take them yet)");
     if (pr->headdim_v && pr->headdim_v != pr->headdim)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
                           "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
+    const fa3c_problem *pr = &p->problem;
+    fa3c_status s = fa3c_cuda_problem_features_supported(pr);
+    if (s != FA3C_STATUS_OK) return s;
     if (pr->dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8_supported(p);   /* fp8_host.c */
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: dtype %s is not supported yet (bf16, fp16, e4m3)",
@@ -166,7 +172,6 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
      * K and V: per sequence (batch, seqlen_k), pages (num_pages, page_size) or packed. */
     int q_outer, q_rows, kv_outer, kv_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
-    fa3c_status s;
     if ((s = fa3c_tensor_map_check_input("q", &p->q, 2, q_outer, q_rows, pr->heads_q)) ||
         (s = fa3c_tensor_map_check_input("k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv)) ||
         (s = fa3c_tensor_map_check_input("v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv)) ||

@@ -60,12 +60,8 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA backward: this build leaves its kernels off (-DFA3C_CUDA_BWD=OFF; configure with "
                           "-DFA3C_CUDA_BWD=ON, or use backend CPU)");
-    if (pr->sinks)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: attention sinks run on the CPU backends only so "
-                          "far (the CUDA kernels do not take them yet)");
-    if (pr->headdim_v && pr->headdim_v != pr->headdim)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
-                          "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);
+    fa3c_status fs = fa3c_cuda_problem_features_supported(pr);
+    if (fs != FA3C_STATUS_OK) return fs;
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))

@@ -174,34 +174,31 @@ FA3C_DEVICE void store_rows_by_keys(uint8_t *buf, uint32_t (*frag)[4], int warp)
                     frag[kk][2], frag[kk][3]);
 }
 
-// dq (the warpgroup's DQ_N columns of the 64 query rows, in the wgmma
-// accumulator's order) added to query block m's tile (tile order,
-// fa3c_bwd_dq_tile_offset): one vector reduction of 4 floats per 8 columns,
-// a warp's 512 contiguous bytes each.
+// Where this thread's float4 j of its dq (the warpgroup's DQ_N columns of
+// the 64 query rows, in the wgmma accumulator's order) goes in a block's
+// tile (tile order, fa3c_bwd_dq_tile_offset), from the tile's start: a
+// warp's float4 j cover 512 contiguous bytes.
+template <int D, int WG>
+FA3C_DEVICE int wide_dq_offset(int j) {
+    const int c = WideShare<D, WG>::DQ_COL0 + 8 * j;
+    return (c / 64) * 4096 + ((c % 64) / 8) * 512 + (threadIdx.x % 128) * 4;
+}
+
+// dq added to query block m's tile: one vector reduction of 4 floats per 8 columns.
 template <int D, int WG>
 FA3C_DEVICE void add_wide_dq(float *tile, const float *dq) {
-    typedef WideShare<D, WG> S;
-    float *dst = tile + (threadIdx.x % 128) * 4;
 #pragma unroll
-    for (int j = 0; j < S::DQ_N / 8; j++) {
-        const int c = S::DQ_COL0 + 8 * j;
-        red_add_f32x4(dst + (c / 64) * 4096 + ((c % 64) / 8) * 512, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
-                      dq[4 * j + 3]);
-    }
+    for (int j = 0; j < WideShare<D, WG>::DQ_N / 8; j++)
+        red_add_f32x4(tile + wide_dq_offset<D, WG>(j), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
 }
 
 // With the writer: the same into sm.dq (the writer's buffer; the
 // caller waited for it to be free), then this warp's arrival on dq_full.
 template <int D, int WG>
 FA3C_DEVICE void put_wide_dq(float *buf, uint64_t *dq_full, const float *dq) {
-    typedef WideShare<D, WG> S;
-    float *dst = buf + (threadIdx.x % 128) * 4;
 #pragma unroll
-    for (int j = 0; j < S::DQ_N / 8; j++) {
-        const int c = S::DQ_COL0 + 8 * j;
-        st_shared_f32x4(dst + (c / 64) * 4096 + ((c % 64) / 8) * 512, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2],
-                        dq[4 * j + 3]);
-    }
+    for (int j = 0; j < WideShare<D, WG>::DQ_N / 8; j++)
+        st_shared_f32x4(buf + wide_dq_offset<D, WG>(j), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     fence_proxy_async_smem();   // the bulk reduction reads it through the async proxy
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(dq_full);
