@@ -38,7 +38,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream);
 fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p);
 fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p);
 /* The part both of those share: NOT_SUPPORTED for problem features no CUDA
- * kernel takes yet (sinks, headdim_v != headdim). Called by them only. */
+ * kernel takes yet (sinks in fp8, headdim_v != headdim). Called by them only. */
 fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr);
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */

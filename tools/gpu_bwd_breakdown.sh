@@ -6,7 +6,8 @@
 # "128:512c" is causal), for each tree in turn:
 #   - fa3c-run's event-timed backward: median ms and TFLOPS (the host's work
 #     inside the call counts: the GPU waits for it), PASS / FAIL with
-#     CHECK_ROWS > 0 (rows per (batch, head) against float64; "new" only);
+#     CHECK_ROWS > 0 (rows per (batch, head) against float64; "new" only
+#     unless CHECK_ALL=1);
 #   - with NCU=1 (default; "new" only unless NCU_ALL=1) ncu's
 #     gpu__time_duration of each backward kernel of one call.
 #   AB_TREES="old:.ab/old" SHAPES="64:512 128:512c" bash tools/gpu_bwd_breakdown.sh
@@ -27,7 +28,7 @@ run() {   # label dir hdim seqlen causal
   [ -x "$bin" ] || return
   args=(--device cuda --batch $((16384 / s)) --seqlen "$s" --heads $((2048 / d)) --hdim "$d" --backward)
   [ "$c" = 1 ] && args+=(--causal)
-  [ "$label" = new ] && rows=${CHECK_ROWS:-0}
+  { [ "$label" = new ] || [ "${CHECK_ALL:-0}" = 1 ]; } && rows=${CHECK_ROWS:-0}
   perf=$(timeout 120 "$bin" "${args[@]}" --check-rows "$rows" --iters "${ITERS:-20}" --warmup 3 2>&1 |
     grep -oE "perf +[0-9.]+|time +[0-9.]+ ms|PASS|FAIL" | tr -s ' ' | tr '\n' ' ')
   if [ "${NCU:-1}" = 1 ] && { [ "$label" = new ] || [ "${NCU_ALL:-0}" = 1 ]; } && command -v ncu >/dev/null; then

@@ -126,9 +126,9 @@ static const char *dtype_name(fa3c_dtype d) {
 }
 
 fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
-    if (pr->sinks)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: attention sinks run on the CPU backends only so "
-                          "far (the CUDA kernels do not take them yet)");
+    if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
+                          "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");
     if (pr->headdim_v && pr->headdim_v != pr->headdim)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
                           "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);
@@ -250,6 +250,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) &&
                   p->out.stride[1] % 8 == 0 && p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
+    k.sinks = pr->sinks;
     /* O through TMA stores (instances with smem for it, fwd_epilogue.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */

@@ -194,7 +194,11 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.block_m = block_m;
     prep.softmax_scale = pr->softmax_scale;
 
+    prep.sinks = pr->sinks;
+    prep.dsinks = p->dsinks;
+
     s = fa3c_bwd_prep(&prep, fp16, stream);
+    if (s == FA3C_STATUS_OK && p->dsinks) s = fa3c_bwd_dsinks(&prep, stream);
     if (s == FA3C_STATUS_OK) s = find_bwd(pr)->launch(&k, stream);
     if (s == FA3C_STATUS_OK) s = fa3c_bwd_write_dq(&prep, fp16, stream);
     cudaFreeAsync(ws, (cudaStream_t)stream);

@@ -90,6 +90,8 @@ typedef struct fa3c_bwd_prep_params {
     int block_m;               /* FA3C_BWD_BLOCK_M: the main kernel's query block */
     int accum_cols;            /* dq_accum's row length: the kernel's head dim (128 for hdim 96) */
     float softmax_scale;
+    const float *sinks;        /* problem.sinks and their gradient's output (fa3c_bwd_dsinks); NULL = none */
+    float *dsinks;
 } fa3c_bwd_prep_params;
 
 #ifdef __CUDACC__

@@ -17,7 +17,8 @@ enum {
     PREP_LANES = 8,                  // threads per row, 8 elements each per pass
     PREP_THREADS = PREP_ROWS * PREP_LANES,
     DQ_THREADS = 128,                // one 64 x 64 piece of the accumulator per dq CTA
-    DQ_PITCH = 64 + 8                // smem row pitch of the dq kernel's staging tile, in 16-bit elements
+    DQ_PITCH = 64 + 8,               // smem row pitch of the dq kernel's staging tile, in 16-bit elements
+    DSINK_THREADS = 512              // one CTA per head sums its rows of every batch
 };
 
 template <int FP16>
@@ -169,6 +170,33 @@ __global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_
     }
 }
 
+// Grid: heads_q CTAs. With attention sinks, the sink's gradient: dsinks[h] =
+// -Σ exp(sink - lse) · dsum over the batch and the rows, from the scratch the
+// preprocessing wrote (rows without a query of their own have dsum = 0 and
+// lse_log2 = +inf: they add 0). Each thread sums a fixed stride of rows and
+// the CTA adds the threads' sums in a fixed tree: the same bits every run.
+__global__ void __launch_bounds__(DSINK_THREADS) bwd_dsinks_kernel(const fa3c_bwd_prep_params p) {
+    __shared__ float part[DSINK_THREADS];
+    const int head = blockIdx.x;
+    const float sink2 = p.sinks[head] * 1.4426950408889634f;   // log2 units, as lse_log2
+    float sum = 0.f;
+    if (sink2 != -INFINITY)   // a -inf sink has no probability and no gradient
+        for (int b = 0; b < p.batch; b++) {
+            const int64_t base = ((int64_t)b * p.heads_q + head) * p.rows_pad;
+            for (int r = threadIdx.x; r < p.rows_pad; r += DSINK_THREADS) {
+                const float d = p.dsum[base + r];
+                if (d != 0.f) sum += exp2f(sink2 - p.lse_log2[base + r]) * d;
+            }
+        }
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = DSINK_THREADS / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) p.dsinks[head] = -part[0];
+}
+
 static fa3c_status launched(const char *what) {
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? FA3C_STATUS_OK
@@ -201,4 +229,9 @@ extern "C" fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16
     const dim3 grid((unsigned)(p->rows_pad / 64 * (p->accum_cols / 64)), (unsigned)p->heads_q, (unsigned)p->batch);
     FA3C_BWD_AUX_LAUNCH(bwd_dq_kernel, grid, DQ_THREADS, fp16, vector_ok(p->dq, p->dq_stride), *p, stream);
     return launched("dq kernel");
+}
+
+extern "C" fa3c_status fa3c_bwd_dsinks(const fa3c_bwd_prep_params *p, void *stream) {
+    bwd_dsinks_kernel<<<(unsigned)p->heads_q, DSINK_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    return launched("dsinks kernel");
 }

@@ -18,6 +18,11 @@ fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream)
 /* After: dq = softmax_scale · dq_accum, in the input dtype. */
 fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream);
 
+/* After the preprocessing, with attention sinks (p->sinks, p->dsinks):
+ * dsinks[h] = -Σ exp(sinks[h] - lse) · dsum over the batch and rows, in a
+ * fixed order (deterministic). */
+fa3c_status fa3c_bwd_dsinks(const fa3c_bwd_prep_params *p, void *stream);
+
 /* A backward kernel instance's launcher (bwd_launch.cuh; bwd_host.c has the
  * table of those built). */
 typedef fa3c_status (*fa3c_bwd_launcher)(const fa3c_bwd_kernel_params *p, void *stream);

@@ -75,23 +75,22 @@
     ((d) <= 128 ? FA3C_BWD_DQ_WRITER && !((d) == 64 && FA3C_BWD_BLOCK_M(64) == 64) \
                 : FA3C_BWD_WIDE_DQ_WRITER && (d) <= 192)
 /* First writes of dQ, for calls of at most this many queries per sequence
- * at head dims 64-128 (0: never): with the writer (not deterministic), the
- * first key block to reach a dQ tile stores it and the others add to it, so
- * the preprocessing zeroes one flag per tile instead of the accumulator
- * (91 -> 51 µs at 16k tokens, hdim 128, H100), and the key blocks' walks
- * are staggered so that they seldom wait for a first store. The flags'
- * atomics slow the main kernel by 3-4% (11% at hdim 192), more than the
- * zeroing saves from 2k queries on (docs/KNOBS.md). */
+ * at head dims 64-128 (0: never; the default: every length): with the
+ * writer (not deterministic), the first key block to reach a dQ tile stores
+ * it and the others add to it, so the preprocessing zeroes one flag per tile
+ * instead of the accumulator (-30 µs at 16k tokens), and the key blocks'
+ * walks are staggered so that they seldom wait for a first store
+ * (docs/KNOBS.md). */
 #ifndef FA3C_BWD_DQ_FIRST_WRITE
-#define FA3C_BWD_DQ_FIRST_WRITE 512
+#define FA3C_BWD_DQ_FIRST_WRITE 2147483647
 #endif
 /* 1: the writer claims a tile's flag for step it (an acquiring CAS, and the
  * wait for a first store in progress) before waiting for the consumers' dQ,
  * so that the round trips run under their step instead of between dq_full
- * and the reduction (the hypothesis for the main kernel's 3-4%: not yet
- * GPU-run, docs/KNOBS.md). 0: claimed after dq_full, as measured. */
+ * and the reduction. 0 (claimed after dq_full) cost the main kernel 3-4% on
+ * an H100, so first writes paid only up to 512 queries (docs/KNOBS.md). */
 #ifndef FA3C_BWD_DQ_CLAIM_EARLY
-#define FA3C_BWD_DQ_CLAIM_EARLY 0
+#define FA3C_BWD_DQ_CLAIM_EARLY 1
 #endif
 
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed,

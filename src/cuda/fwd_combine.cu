@@ -1,9 +1,10 @@
 // Split-KV, second pass: every split of the forward kernel wrote its O
 // (already divided by its own row sum, fp32) and its LSE; this merges them.
 // With lse = log(sum_s exp(lse_s)), the exact softmax over all keys is
-// O = sum_s exp(lse_s - lse) * O_s. One warp per output row; rows whose
-// every split saw no key (all lse_s = -inf) get O = 0 and lse = -inf, as in
-// the one-pass kernel. Packed sequences (cu_seqlens_q): the partials are
+// O = sum_s exp(lse_s - lse) * O_s. An attention sink (p.sinks) counts in
+// lse as a split whose O is 0. One warp per output row; rows whose every
+// split saw no key (all lse_s = -inf) get O = 0 and lse = -inf (the sink,
+// with one), as in the one-pass kernel. Packed sequences (cu_seqlens_q): the partials are
 // kept per query of each sequence, as without; query i of sequence b goes
 // to token start_b + i of out, and its LSE to (head, start_b + i) of the
 // (heads_q, total_q) LSE. Rows past a sequence's queries were not written
@@ -53,7 +54,9 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
         lse_offset = head * total + seq.q_start + query;
     }
 
-    float max_lse = -INFINITY;
+    // An attention sink joins the sum as one more split with no value rows.
+    const float sink = p.sinks ? p.sinks[head] : -INFINITY;
+    float max_lse = sink;
     for (int s = lane; s < p.num_splits; s += 32) {
         w[s] = p.lse_partial[s * rows + row];
         max_lse = fmaxf(max_lse, w[s]);
@@ -63,9 +66,10 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     if (max_lse > -INFINITY) {
         float sum = 0.f;
         for (int s = lane; s < p.num_splits; s += 32) sum += expf(w[s] - max_lse);
-        lse = max_lse + logf(warp_sum(sum));
+        lse = max_lse + logf(warp_sum(sum) + expf(sink - max_lse));
     }
-    for (int s = lane; s < p.num_splits; s += 32) w[s] = lse > -INFINITY ? expf(w[s] - lse) : 0.f;   // 0: no key
+    if (isnan(sink)) lse = sink;   // fmaxf above skips a NaN: a NaN sink makes a NaN row, as in the one-pass kernel
+    for (int s = lane; s < p.num_splits; s += 32) w[s] = lse == -INFINITY ? 0.f : expf(w[s] - lse);   // 0: no key
     __syncwarp();
 
     uint16_t *out = (uint16_t *)p.out + out_offset;

@@ -196,6 +196,23 @@ FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile 
     write_lse_packed(p, t, lse, rows, quad);
 }
 
+// A row's 1 / sum (0 for a row that saw no key: output 0) and its LSE (natural
+// log), from its sum of exp2(x - off) over the keys, and with attention sinks
+// the sink's logit in log2 units (sink2, -inf: none), which joins the sum
+// only: with mx = max(off, sink2), sum' = sum 2^(off - mx) + 2^(sink2 - mx),
+// so that neither term overflows, and inv = 2^(off - mx) / sum'. A row that
+// saw no key gets lse = the sink (-inf without one).
+FA3C_DEVICE void row_normalizer(float sum, float off, float sink2, float &inv, float &lse) {
+    if (!(sum > 0.f)) {
+        inv = 0.f;
+        lse = sink2 * 0.69314718f;   // ln 2
+        return;
+    }
+    const float mx = fmaxf(off, sink2), a = ex2f(off - mx), total = sum * a + ex2f(sink2 - mx);
+    inv = a * rcp_approx(total);
+    lse = (mx + lg2_approx(total)) * 0.69314718f;
+}
+
 // O / sum -> out (input dtype), and the LSE; or, with split-KV, the partial
 // results (store_partial). Rows past the end are dropped. `stage`: where
 // this warpgroup stages O for store_tile_tma (NULL: nowhere). `ring`: for
@@ -208,14 +225,19 @@ template <int D, int FP16, bool VARLEN>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
                           int quad, uint8_t *stage, int consumer_index, int ring) {
     trace(consumer_index, ring, TR_EPI_BEGIN);
+    const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
     float inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(st.sum[r]);
-        inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
-        lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
+        if (p.sinks && p.num_splits == 1) {   // split-KV: the combine adds the sink, once
+            const float sink2 = rows[r].valid ? p.sinks[rows[r].head] * 1.44269504f : -INFINITY;   // log2(e)
+            row_normalizer(sum, st.off[r], sink2, inv[r], lse[r]);
+        } else {
+            inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
+            lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
+        }
     }
-    const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
     if (p.num_splits > 1) {
         store_partial<D>(p, t, o, inv, lse, rows, quad);
         return;

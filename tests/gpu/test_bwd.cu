@@ -29,6 +29,7 @@ typedef struct {
     // keys (seqused_k), the rows past it NaN in k and v, which must not reach any gradient.
     int varlen, lens_q[8], lens_k[8];
     int seqused, used[8];
+    int sinks;   // 1: an attention sink per query head (-inf, 6, random) and its gradient dsinks
 } bwd_case;
 
 static bwd_case bcase(fa3c_dtype dt, int b, int sq, int sk, int hq, int hkv, int d) {
@@ -193,6 +194,36 @@ static int64_t guards_written(const void *alloc, int64_t guard, int64_t n) {
     return written;
 }
 
+// dsinks (problem.sinks' gradient): every head's value written, within
+// 1e-3 of its terms' magnitude Σ exp(sink - lse) |rowsum(dout ⊙ out)| of the
+// float64 reference (the GPU sums fp32 rows), and the same bits in both runs
+// (one CTA per head adds in a fixed order, deterministic or not).
+static void check_dsinks(const bwd_case *c, const seq_layout *L, const float *sinks, const float *lse,
+                         const float *fo, const float *fdout, const float *ref, float *const got[2]) {
+    const int HQ = c->heads_q, D = c->headdim;
+    double worst = 0;
+    int bad = 0;
+    for (int h = 0; h < HQ; h++) {
+        double mag = 0;
+        for (int b = 0; b < c->batch; b++)
+            for (int i = 0; i < L->sq[b]; i++) {
+                const int64_t tok = L->tq0[b] + i, row = (tok * HQ + h) * D;
+                const int64_t l = L->packed_q ? (int64_t)h * L->total_q + tok : ((int64_t)b * HQ + h) * c->seqlen_q + i;
+                double dsum = 0;
+                for (int e = 0; e < D; e++) dsum += (double)fo[row + e] * fdout[row + e];
+                if (sinks[h] != -INFINITY) mag += exp((double)sinks[h] - lse[l]) * fabs(dsum);
+            }
+        const double err = fabs((double)got[0][h] - ref[h]);
+        worst = err > worst ? err : worst;
+        if (!(err <= 1e-3 * mag + 1e-6)) {
+            if (bad++ < 4) printf("    dsinks[%d]: %g, reference %g (terms' magnitude %g)\n", h, got[0][h], ref[h], mag);
+        }
+    }
+    printf("    dsinks: max err %.3g over %d heads\n", worst, HQ);
+    CHECK(bad == 0, "dsinks: %d of %d heads off", bad, HQ);
+    CHECK(memcmp(got[0], got[1], (size_t)HQ * sizeof(float)) == 0, "dsinks differ between two runs");
+}
+
 static void run_case(const char *label, bwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
     const size_t es = tu_dtype_size(c.dtype);
@@ -202,7 +233,7 @@ static void run_case(const char *label, bwd_case c) {
            c.softcap);
     for (int b = 0; c.varlen && b < c.batch; b++) printf("%s%d/%d", b ? "," : " lens q/k ", c.lens_q[b], c.lens_k[b]);
     for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k ", c.used[b]);
-    printf("\n");
+    printf("%s\n", c.sinks ? " sinks" : "");
     if ((c.varlen || c.seqused) && (c.packed_qkv || c.batch > 8)) {
         CHECK(0, "test case: varlen and seqused_k need separate q, k, v and batch <= 8");
         return;
@@ -244,6 +275,12 @@ static void run_case(const char *label, bwd_case c) {
         p.problem.cu_seqlens_k = cu_k;
     }
     if (c.seqused) p.problem.seqused_k = used;
+    float *sinks = NULL;   // host values for the references; a device copy for the GPU run
+    if (c.sinks) {
+        sinks = (float *)tu_alloc((size_t)HQ * sizeof(float));
+        for (int h = 0; h < HQ; h++) sinks[h] = h % 4 == 0 ? -INFINITY : h % 4 == 1 ? 6.f : (float)tu_rand_int(-300, 500) / 100.f;
+        p.problem.sinks = sinks;
+    }
 
     // Inputs in the dtype: q, k, v (separate or packed), dout.
     void *bufs[3];
@@ -311,6 +348,8 @@ static void run_case(const char *label, bwd_case c) {
     r.dk = tu_tensor(ref + nq, BT, SKT, HK, D);
     r.dv = tu_tensor(ref + nq + nk, BT, SKT, HK, D);
     r.backend = FA3C_BACKEND_CPU_REFERENCE;
+    float *ref_dsinks = sinks ? (float *)tu_alloc((size_t)HQ * sizeof(float)) : NULL;
+    r.dsinks = ref_dsinks;
     CHECK(fa3c_bwd(&r, NULL) == FA3C_STATUS_OK, "reference backward: %s", fa3c_last_error());
     bwd_naive_lowp(&c, &p.problem, &L, nq, nk, fq, fk, fv, fo, fdout, lse, lowp, lowp + nq, lowp + nq + nk);
 
@@ -324,6 +363,9 @@ static void run_case(const char *label, bwd_case c) {
     int32_t *d_cu_q = c.varlen ? (int32_t *)to_device(cu_q, sizeof cu_q) : NULL;
     int32_t *d_cu_k = c.varlen ? (int32_t *)to_device(cu_k, sizeof cu_k) : NULL;
     int32_t *d_used = c.seqused ? (int32_t *)to_device(used, sizeof used) : NULL;
+    float *d_sinks = sinks ? (float *)to_device(sinks, (size_t)HQ * sizeof(float)) : NULL, *d_dsinks = NULL;
+    float *g_dsinks[2] = {NULL, NULL};
+    if (sinks) CUDA_OK(cudaMalloc((void **)&d_dsinks, (size_t)HQ * sizeof(float)));
     const int64_t guard = 4096;
     const int64_t n_out[3] = {nq, nk, nk};
     void *alloc[3] = {NULL, NULL, NULL};
@@ -344,6 +386,9 @@ static void run_case(const char *label, bwd_case c) {
         g.problem.cu_seqlens_q = d_cu_q;
         g.problem.cu_seqlens_k = d_cu_k;
         g.problem.seqused_k = d_used;
+        g.problem.sinks = d_sinks;
+        g.dsinks = d_dsinks;
+        if (d_dsinks) CUDA_OK(cudaMemset(d_dsinks, 0xFF, (size_t)HQ * sizeof(float)));   // NaN poison
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_bwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_bwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -353,7 +398,12 @@ static void run_case(const char *label, bwd_case c) {
             gout[run][t] = tu_alloc(n_out[t] * es);
             CUDA_OK(cudaMemcpy(gout[run][t], (char *)alloc[t] + guard * es, n_out[t] * es, cudaMemcpyDeviceToHost));
         }
+        if (d_dsinks) {
+            g_dsinks[run] = (float *)tu_alloc((size_t)HQ * sizeof(float));
+            CUDA_OK(cudaMemcpy(g_dsinks[run], d_dsinks, (size_t)HQ * sizeof(float), cudaMemcpyDeviceToHost));
+        }
     }
+    if (sinks) check_dsinks(&c, &L, sinks, lse, fo, fdout, ref_dsinks, g_dsinks);
     const char *names[3] = {"dq", "dk", "dv"};
     const int64_t offs[3] = {0, nq, nq + nk};
     for (int run = 0; run < 2; run++)
@@ -387,6 +437,12 @@ static void run_case(const char *label, bwd_case c) {
     cudaFree(d_cu_q);
     cudaFree(d_cu_k);
     cudaFree(d_used);
+    cudaFree(d_sinks);
+    cudaFree(d_dsinks);
+    free(sinks);
+    free(ref_dsinks);
+    free(g_dsinks[0]);
+    free(g_dsinks[1]);
     for (int run = 0; run < 2; run++)
         for (int t = 0; t < 3; t++) free(gout[run][t]);
     if (hqkv) free(hqkv);
@@ -671,10 +727,43 @@ TEST(bwd_wide_small) {
     if (!ran) SKIP("no CUDA backward for hdim 192 or 256 in this build (FA3C_INSTANCES): %s", fa3c_last_error());
 }
 
-// First writes of dQ (bwd_dq_writer; up to FA3C_BWD_DQ_FIRST_WRITE queries per
-// sequence, not deterministic): tiles no key block sees (a sequence with no keys,
-// rows before a causal diagonal) must come out as zeros, and the lengths on
-// either side of the limit take the two paths on one shape.
+// Attention sinks: the forward's LSE (with the sink) drives dq, dk, dv as
+// before; dsinks comes from the preprocessing's scratch (bwd_dsinks_kernel).
+// Heads get -inf, 6 and random sinks; a sequence with no keys and rows a
+// window masks fully give lse = the sink and out = 0 (no gradient).
+TEST(bwd_sinks) {
+    REQUIRE_CUDA_BWD();
+    bwd_case c = bcase(BF16, 2, 300, 300, 4, 4, 128);
+    c.sinks = 1;
+    run_case("sinks hdim 128", c);
+    c = bcase(FP16, 1, 333, 333, 8, 2, 64);
+    c.sinks = 1;
+    c.causal = 1;
+    c.deterministic = 1;
+    run_case("sinks hdim 64 gqa causal deterministic fp16", c);
+    c = bcase(BF16, 3, 100, 260, 4, 4, 128);
+    c.sinks = 1;
+    c.seqused = 1;
+    c.used[0] = 260;
+    c.used[1] = 0;
+    c.used[2] = 31;
+    run_case("sinks seqused_k (one 0)", c);
+    c = bcase(BF16, 1, 400, 200, 4, 4, 256);   // rows before the keys start: fully masked
+    c.sinks = 1;
+    c.window_left = 30;
+    c.window_right = 0;
+    run_case("sinks hdim 256 window", c);
+    const int lq[3] = {200, 17, 90}, lk[3] = {150, 200, 33};   // packed: the LSE is (heads, tokens)
+    c = varlen_case(BF16, 3, 4, 2, 128, lq, lk);
+    c.sinks = 1;
+    c.causal = 1;
+    run_case("sinks packed causal gqa", c);
+}
+
+// First writes of dQ (bwd_dq_writer, FA3C_BWD_DQ_FIRST_WRITE, not deterministic):
+// tiles no key block sees (a sequence with no keys, rows before a causal
+// diagonal) must come out as zeros; a ragged last tile and many key blocks
+// claiming each tile (the staggered walks) must add up.
 TEST(bwd_first_writes) {
     REQUIRE_CUDA_BWD();
     bwd_case c = bcase(BF16, 3, 200, 300, 4, 2, 128);
@@ -686,8 +775,9 @@ TEST(bwd_first_writes) {
     c = bcase(BF16, 1, 400, 150, 2, 2, 64);   // causal sq > sk: the first 250 queries see no key
     c.causal = 1;
     run_case("hdim 64 causal sq > sk", c);
-    run_case("hdim 128 512 queries (first writes)", bcase(BF16, 1, 512, 512, 2, 2, 128));
-    run_case("hdim 128 513 queries (zeroed accumulator)", bcase(BF16, 1, 513, 512, 2, 2, 128));
+    run_case("hdim 128 512 queries", bcase(BF16, 1, 512, 512, 2, 2, 128));
+    run_case("hdim 128 513 queries (ragged last tile)", bcase(BF16, 1, 513, 512, 2, 2, 128));
+    run_case("hdim 64 2000 x 1500 (12 key blocks per tile)", bcase(BF16, 1, 2000, 1500, 2, 1, 64));
 }
 
 // What the kernels do not do yet says NOT_SUPPORTED with a message, never a wrong answer.
@@ -704,18 +794,13 @@ TEST(bwd_not_supported_is_reported) {
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    float *sinks = NULL;
-    CUDA_OK(cudaMalloc((void **)&sinks, 2 * sizeof(float)));
-    const char *what[3] = {"hdim 160", "sinks", "headdim_v"}, *needle[3] = {"headdim 160", "sinks", "headdim_v"};
-    for (int i = 0; i < 3; i++) {
+    const char *what[2] = {"hdim 160", "headdim_v"}, *needle[2] = {"headdim 160", "headdim_v"};
+    for (int i = 0; i < 2; i++) {
         fa3c_bwd_params q = p;
         if (i == 0) {   // the same buffers viewed with 160 columns
             q.problem.headdim = 160;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
             for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 160);
-        } else if (i == 1) {   // sinks and their gradient: CPU backends only so far
-            q.problem.sinks = sinks;
-            q.dsinks = sinks + 1;
         } else {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
             q.problem.headdim_v = 64;
             fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
@@ -730,7 +815,6 @@ TEST(bwd_not_supported_is_reported) {
     }
     cudaFree(d);
     cudaFree(lse);
-    cudaFree(sinks);
 }
 
 TEST_MAIN()

@@ -27,6 +27,8 @@ typedef struct {
     int seqused;         // 1: sequence b uses used[b] of the seqlen_k keys (seqused_k, the variable-length
     int used[8];         // instances); the K and V rows past each count are NaN, which must not reach the output
     int page_size;       // > 0: the GPU reads K and V from a paged cache (page table; the references do not)
+    int sinks;           // 1: a learned attention sink per query head (problem.sinks): -inf, one far above
+                         // every score (out ~ 0), and random ones around the scores' range
 } fwd_case;
 
 static fwd_case base_case(fa3c_dtype dt, int b, int sq, int sk, int h, int d) {
@@ -109,7 +111,7 @@ static void run_case(const char *label, fwd_case c) {
            label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim,
            c.causal, c.window_left, c.window_right, c.softcap, c.packed_qkv, c.outlier, c.key_ramp, c.sink_scale, c.sink_key, c.num_splits);
     for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k=", c.used[b]);
-    printf("\n");
+    printf("%s\n", c.sinks ? " sinks" : "");
     if ((c.seqused || c.page_size) && (c.packed_qkv || c.batch > 8)) {
         CHECK(0, "test case: seqused_k and paging need separate K, V and batch <= 8");
         return;
@@ -170,6 +172,13 @@ static void run_case(const char *label, fwd_case c) {
             tu_store(hk, c.dtype, j, tu_load(hk, c.dtype, j) * c.outlier);
         }
     }
+    float *sinks = NULL;
+    if (c.sinks) {   // host values for the references, a device copy for the GPU run
+        sinks = (float *)tu_alloc((size_t)HQ * sizeof(float));
+        for (int h = 0; h < HQ; h++)
+            sinks[h] = h % 4 == 0 ? -INFINITY : h % 4 == 1 ? 40.f : (float)tu_rand_int(-300, 500) / 100.f;
+        p.problem.sinks = sinks;
+    }
     tu_strides_bshd(p.out.stride, B, SQ, HQ, D);
     const int64_t out_row = HQ * D + c.out_pad, n_out = B * SQ * out_row;   // elements of the output buffer
     p.out.stride[1] = out_row;
@@ -203,6 +212,7 @@ static void run_case(const char *label, fwd_case c) {
     void *dk = hpacked ? (char *)dq + HQ * D * es : to_device(hk, nk * es);
     void *dv = hpacked ? (char *)dq + 2 * HQ * D * es : to_device(hv, nk * es);
     int32_t *dused = c.seqused ? (int32_t *)to_device(used, (size_t)c.batch * sizeof used[0]) : NULL;
+    float *dsinks = sinks ? (float *)to_device(sinks, (size_t)HQ * sizeof(float)) : NULL;
     // Paged (c.page_size): the logical K and V rows go to the pages of a shuffled table, in a cache whose
     // other rows and pages are NaN; each table row has one entry more than needed, -1, and with seqused_k
     // the entries of pages wholly past a sequence's count are invalid too (-1, or past the last page),
@@ -264,6 +274,7 @@ static void run_case(const char *label, fwd_case c) {
         g.out.data = dout;
         g.lse = dlse;
         g.problem.seqused_k = dused;
+        g.problem.sinks = dsinks;
         if (ps) {
             g.k.data = dpk;
             g.v.data = dpv;
@@ -311,6 +322,8 @@ static void run_case(const char *label, fwd_case c) {
     cudaFree(dout_alloc);
     cudaFree(dlse);
     cudaFree(dused);
+    cudaFree(dsinks);
+    free(sinks);
     cudaFree(dpk);
     cudaFree(dpv);
     cudaFree(dtable);
@@ -435,6 +448,39 @@ TEST(fwd_sliding_window) {
     c.window_left = 20;
     c.window_right = 0;
     run_case("window fully masked rows", c);
+}
+// Attention sinks (problem.sinks): the epilogue adds each head's sink to the
+// row's sum, or with split-KV the combine does; heads get -inf, 40 (far
+// above every score: out ~ 0, lse ~ 40, the overflow-safe form) and random
+// sinks. Rows that see no key must give out 0 and lse = the sink.
+TEST(fwd_sinks) {
+    REQUIRE_SM90();
+    fwd_case c = base_case(BF16, 2, 300, 300, 4, 128);
+    c.sinks = 1;
+    run_case("sinks", c);
+    c = base_case(FP16, 1, 200, 200, 8, 64);
+    c.sinks = 1;
+    c.causal = 1;
+    run_case("sinks causal fp16 hdim64", c);
+    c = base_case(BF16, 1, 600, 300, 4, 256);   // rows before the keys start: fully masked
+    c.sinks = 1;
+    c.window_left = 20;
+    c.window_right = 0;
+    run_case("sinks window fully masked rows hdim256", c);
+    c = base_case(BF16, 2, 1, 3000, 8, 128);   // decode, split-KV: the combine adds the sink
+    c.heads_kv = 2;
+    c.sinks = 1;
+    c.num_splits = 4;
+    run_case("sinks decode gqa 4 splits", c);
+    c = base_case(BF16, 3, 40, 500, 4, 128);   // the variable-length instance; one sequence with no keys
+    c.sinks = 1;
+    c.seqused = 1;
+    c.used[0] = 500;
+    c.used[1] = 0;
+    c.used[2] = 77;
+    run_case("sinks seqused_k (one 0)", c);
+    c.num_splits = 3;
+    run_case("sinks seqused_k (one 0), 3 splits", c);
 }
 TEST(fwd_softcap) {
     REQUIRE_SM90();
@@ -1293,9 +1339,10 @@ TEST(fwd_not_supported_is_reported) {
     x = p;
     x.problem.dtype = FA3C_DTYPE_FP32;
     expect_not_supported("fp32", x, "fp32");
-    x = p;   // sinks: CPU backends only so far (a device array, past the tensors)
+    x = p;   // sinks on the fp8 kernel: not yet (a device array, past the tensors)
+    x.problem.dtype = FA3C_DTYPE_E4M3;
     x.problem.sinks = (const float *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
-    expect_not_supported("sinks", x, "sinks");
+    expect_not_supported("fp8 sinks", x, "sinks");
     x = p;   // a value head dim other than headdim: CPU backends only so far
     x.problem.headdim_v = 64;
     x.v = tu_tensor(buf, B, S, H, 64);

@@ -102,3 +102,29 @@ def test_s_aux_as_a_list_on_torch(rng):
     q, k, v, sinks = problem(rng)
     got = fa3c.flash_attn_func(torch.tensor(q), torch.tensor(k), torch.tensor(v), s_aux=[float(x) for x in sinks])
     assert np.array_equal(got.numpy(), fa3c.flash_attn_func(q, k, v, s_aux=sinks))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_cuda_bf16(rng, causal):
+    """The CUDA kernels with sinks (bf16, hdim 64, GQA) against the CPU backend on the same
+    bf16 values in float32: out and lse in the forward, every gradient and dsinks in the
+    backward (autograd through s_aux)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("no Hopper GPU (sm_90): the CUDA kernels with sinks are not exercised here")
+    q, k, v = (torch.tensor(randn(rng, s)).to(torch.bfloat16)
+               for s in ((2, 200, 8, 64), (2, 300, 2, 64), (2, 300, 2, 64)))
+    sinks = torch.tensor([0.3, -1.0, 4.0, -np.inf, 2.0, 6.0, -3.0, 1.0])
+    dout = torch.tensor(randn(rng, (2, 200, 8, 64))).to(torch.bfloat16)
+    grads = []
+    for dev, dt in (("cuda", torch.bfloat16), ("cpu", torch.float32)):
+        qt, kt, vt = (x.to(dev, dt).requires_grad_() for x in (q, k, v))
+        st = sinks.to(dev).requires_grad_()
+        out, lse = fa3c.flash_attn_func(qt, kt, vt, causal=causal, s_aux=st, return_attn_probs=True)
+        out.backward(dout.to(dev, dt))
+        grads.append([x.detach().float().cpu() for x in (out, lse, qt.grad, kt.grad, vt.grad, st.grad)])
+    names = ("out", "lse", "dq", "dk", "dv", "dsinks")
+    for name, g, c in zip(names, *grads):
+        scale = c.abs().max().item() + 1e-6
+        err = (g - c).abs().max().item()
+        assert err <= 2e-2 * scale, "%s: max err %g against a scale of %g" % (name, err, scale)
