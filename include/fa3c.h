@@ -106,8 +106,9 @@ typedef struct fa3c_problem {
      * scaled (and softcapped) scores, in every row's softmax, with no value
      * row, so out = Σ_j p_j v_j with p = softmax([scores, sink]) over the
      * visible keys and the sink, and lse includes it (a row that sees no key
-     * gets out = 0 and lse = sink). Every backend; the CUDA fp8 (e4m3)
-     * forward returns NOT_SUPPORTED. */
+     * gets out = 0 and lse = sink). CPU backends; the CUDA backend returns
+     * NOT_SUPPORTED in a default build (its kernels' sinks are built but
+     * off until their GPU tests have run: docs/API.md). */
     const float *sinks;
     /* Head dim of v, out, dout and dv when it differs from headdim (MLA:
      * q, k 192 with v 128): 8..512, a multiple of 8; 0 = headdim. CPU

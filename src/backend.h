@@ -40,6 +40,13 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p);
 /* The part both of those share: NOT_SUPPORTED for problem features no CUDA
  * kernel takes yet (sinks in fp8, headdim_v != headdim). Called by them only. */
 fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr);
+/* 1: the CUDA bf16 / fp16 kernels take attention sinks (problem.sinks and
+ * dsinks: the forward's epilogue and combine, the backward's dsinks kernel).
+ * 0 until their GPU tests (test_fwd fwd_sinks, test_bwd bwd_sinks) have
+ * passed on a GPU: such calls are NOT_SUPPORTED (docs/KNOBS.md). */
+#ifndef FA3C_CUDA_SINKS
+#define FA3C_CUDA_SINKS 0
+#endif
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */
 int fa3c_cuda_fwd_block_n(const fa3c_problem *pr);

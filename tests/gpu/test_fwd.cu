@@ -455,6 +455,7 @@ TEST(fwd_sliding_window) {
 // sinks. Rows that see no key must give out 0 and lse = the sink.
 TEST(fwd_sinks) {
     REQUIRE_SM90();
+    if (!FA3C_CUDA_SINKS) SKIP("the CUDA kernels' sinks are off in this build (-DFA3C_CUDA_SINKS=1 turns them on)");
     fwd_case c = base_case(BF16, 2, 300, 300, 4, 128);
     c.sinks = 1;
     run_case("sinks", c);
@@ -1339,10 +1340,15 @@ TEST(fwd_not_supported_is_reported) {
     x = p;
     x.problem.dtype = FA3C_DTYPE_FP32;
     expect_not_supported("fp32", x, "fp32");
-    x = p;   // sinks on the fp8 kernel: not yet (a device array, past the tensors)
+    x = p;   // sinks on the fp8 kernel: not yet (a device array, past the tensors); with
+             // FA3C_CUDA_SINKS 0, not on any kernel
     x.problem.dtype = FA3C_DTYPE_E4M3;
     x.problem.sinks = (const float *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
     expect_not_supported("fp8 sinks", x, "sinks");
+    if (!FA3C_CUDA_SINKS) {
+        x.problem.dtype = FA3C_DTYPE_BF16;
+        expect_not_supported("sinks (FA3C_CUDA_SINKS 0)", x, "FA3C_CUDA_SINKS");
+    }
     x = p;   // a value head dim other than headdim: CPU backends only so far
     x.problem.headdim_v = 64;
     x.v = tu_tensor(buf, B, S, H, 64);

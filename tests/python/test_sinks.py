@@ -112,6 +112,13 @@ def test_torch_cuda_bf16(rng, causal):
     torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("no Hopper GPU (sm_90): the CUDA kernels with sinks are not exercised here")
+    probe = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16, device="cuda")
+    try:
+        fa3c.forward(probe, probe, probe, sinks=torch.zeros(1, device="cuda"))
+    except fa3c.Fa3cError as e:
+        if "FA3C_CUDA_SINKS" in str(e):
+            pytest.skip("libfa3c was built without the CUDA kernels' sinks (-DFA3C_CUDA_SINKS=1)")
+        raise
     q, k, v = (torch.tensor(randn(rng, s)).to(torch.bfloat16)
                for s in ((2, 200, 8, 64), (2, 300, 2, 64), (2, 300, 2, 64)))
     sinks = torch.tensor([0.3, -1.0, 4.0, -np.inf, 2.0, 6.0, -3.0, 1.0])
