@@ -165,6 +165,17 @@ FA3C_API fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream);
 FA3C_API fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p);
 FA3C_API fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p);
 
+/* fa3c_fwd_check / fa3c_bwd_check, and for a call on the CUDA backend also
+ * the device-resident arrays (cu_seqlens_q/k, seqused_k, page_table, the
+ * descales): copied to the host on `stream`, which this synchronizes, and
+ * checked as the CPU backends check theirs, naming the array and the entry
+ * (e.g. "problem.seqused_k[3]: must be in [0, problem.seqlen_k = 64] (got
+ * 5000)"). A debugging aid and a check before capturing a step in a CUDA
+ * graph; not itself capturable. On the CPU backends the same as
+ * fa3c_*_check. */
+FA3C_API fa3c_status fa3c_fwd_check_device(const fa3c_fwd_params *p, void *stream);
+FA3C_API fa3c_status fa3c_bwd_check_device(const fa3c_bwd_params *p, void *stream);
+
 /* A short fixed string for a status ("invalid argument"). Never NULL. */
 FA3C_API const char *fa3c_status_string(fa3c_status s);
 

@@ -8,6 +8,7 @@
  * all of it has passed. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -40,6 +41,8 @@ typedef struct call_desc {
     const float *descale[3]; /* forward only */
     float *dsinks;           /* backward only */
     fa3c_backend backend;
+    int check_device;        /* fa3c_*_check_device: read the device-resident arrays too, on stream */
+    void *stream;
 } call_desc;
 
 static const char *const descale_names[3] = {"q_descale", "k_descale", "v_descale"};
@@ -513,6 +516,48 @@ static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
 
 /* ---- the common sequence ---- */
 
+/* fa3c_*_check_device: the device-resident arrays copied to the host and
+ * checked as check_host_arrays checks host ones, then the tensors' extents
+ * with the true token counts (check_extents). The page table is copied in
+ * the rows its checks read: (batch - 1) strides and one sequence's pages. */
+static fa3c_status check_device_arrays(const call_desc *c) {
+    const fa3c_problem *pr = c->pr;
+    int64_t table = 0;
+    if (pr->page_table)   /* validated sizes: fits in int64 (check_problem_scalars, check_extents) */
+        table = ((int64_t)pr->batch - 1) * pr->page_table_stride +
+                ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
+    const int64_t descales = (int64_t)pr->batch * pr->heads_kv;
+    const void *src[7] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
+                          c->descale[0],    c->descale[1],    c->descale[2]};
+    const int64_t count[7] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
+                              descales, descales, descales};
+    void *copy[7] = {0};
+    fa3c_status s = FA3C_STATUS_OK;
+    for (int i = 0; i < 7 && s == FA3C_STATUS_OK; i++) {
+        if (!src[i] || count[i] <= 0) continue;
+        const size_t bytes = (size_t)count[i] * 4;   /* int32 and float32 alike */
+        if (!(copy[i] = malloc(bytes)))
+            s = fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "checking device metadata: no host memory for %zu bytes", bytes);
+        else
+            s = fa3c_cuda_copy_to_host(copy[i], src[i], bytes, c->stream);
+    }
+    if (s == FA3C_STATUS_OK) {
+        fa3c_problem h = *pr;
+        call_desc hc = *c;
+        hc.pr = &h;
+        if (copy[0]) h.cu_seqlens_q = (const int32_t *)copy[0];
+        if (copy[1]) h.cu_seqlens_k = (const int32_t *)copy[1];
+        if (copy[2]) h.seqused_k = (const int32_t *)copy[2];
+        if (copy[3]) h.page_table = (const int32_t *)copy[3];
+        for (int i = 0; i < 3; i++)
+            if (copy[4 + i]) hc.descale[i] = (const float *)copy[4 + i];
+        s = check_host_arrays(&hc);
+        if (s == FA3C_STATUS_OK) s = check_extents(&hc, 1);
+    }
+    for (int i = 0; i < 7; i++) free(copy[i]);
+    return s;
+}
+
 static fa3c_status check_backend_value(fa3c_backend b) {
     if ((int)b < FA3C_BACKEND_AUTO || (int)b > FA3C_BACKEND_CPU_REFERENCE)
         return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "backend: unknown backend %d (expected 0..3: AUTO, CPU, "
@@ -540,6 +585,7 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
     if ((s = resolve_backend(c, resolved)) != FA3C_STATUS_OK) return s;
     int host_arrays = *resolved != FA3C_BACKEND_CUDA;
     if (host_arrays && (s = check_host_arrays(c)) != FA3C_STATUS_OK) return s;
+    if (!host_arrays && c->check_device && (s = check_device_arrays(c)) != FA3C_STATUS_OK) return s;
     if ((s = check_extents(c, host_arrays)) != FA3C_STATUS_OK) return s;
     if (*resolved == FA3C_BACKEND_CUDA) {
         /* TMA needs 16-byte aligned base addresses. */
@@ -560,8 +606,9 @@ static float default_scale(const fa3c_problem *pr) {
 /* prepare_fwd / prepare_bwd: validate p and fill *out with the backend and
  * scale resolved. A problem with nothing to compute (problem_is_empty) has
  * its scalars validated only: its memory is not looked at, and the callers
- * touch none. */
-static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
+ * touch none. check_device (fa3c_*_check_device): on the CUDA backend, also
+ * the device-resident arrays, copied to the host on stream. */
+static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, int check_device, void *stream) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -579,7 +626,8 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
     int in = dtype_size(pr->dtype);
     int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
     call_desc c = {.is_bwd = 0, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 4,
-                   .descale = {p->q_descale, p->k_descale, p->v_descale}};
+                   .descale = {p->q_descale, p->k_descale, p->v_descale}, .check_device = check_device,
+                   .stream = stream};
     const int d = pr->headdim, dv = fa3c_headdim_v(pr);
     c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, in, 0, d};
     c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, in, 0, d};
@@ -596,14 +644,21 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out) {
 
 fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
     fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r);
+    fa3c_status s = prepare_fwd(p, &r, 0, NULL);
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+fa3c_status fa3c_fwd_check_device(const fa3c_fwd_params *p, void *stream) {
+    fa3c_fwd_params r;
+    fa3c_status s = prepare_fwd(p, &r, 1, stream);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r);
+    fa3c_status s = prepare_fwd(p, &r, 0, NULL);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
     if (problem_is_empty(&r.problem, 0)) return FA3C_STATUS_OK;
@@ -624,7 +679,7 @@ static fa3c_status bwd_dtype_supported(const fa3c_problem *pr) {
     return FA3C_STATUS_OK;
 }
 
-static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
+static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, int check_device, void *stream) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     fa3c_status s;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
@@ -642,7 +697,8 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
     if (!p->lse) return fa3c_error(BAD, "lse: is NULL; the backward needs the forward's log-sum-exp");
 
     int es = dtype_size(pr->dtype);
-    call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .dsinks = p->dsinks, .backend = p->backend, .ntensors = 8};
+    call_desc c = {.is_bwd = 1, .pr = pr, .lse = p->lse, .dsinks = p->dsinks, .backend = p->backend, .ntensors = 8,
+                   .check_device = check_device, .stream = stream};
     const int d = pr->headdim, dv = fa3c_headdim_v(pr);
     c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, es, 0, d};
     c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, es, 0, d};
@@ -667,14 +723,21 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out) {
 
 fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r);
+    fa3c_status s = prepare_bwd(p, &r, 0, NULL);
+    if (s == FA3C_STATUS_OK) fa3c_clear_error();
+    return s;
+}
+
+fa3c_status fa3c_bwd_check_device(const fa3c_bwd_params *p, void *stream) {
+    fa3c_bwd_params r;
+    fa3c_status s = prepare_bwd(p, &r, 1, stream);
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
 fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r);
+    fa3c_status s = prepare_bwd(p, &r, 0, NULL);
     if (s != FA3C_STATUS_OK) return s;
     fa3c_clear_error();
     if (problem_is_empty(&r.problem, 1)) return FA3C_STATUS_OK;

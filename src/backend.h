@@ -32,6 +32,9 @@ fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p);
 /* CUDA backend (src/cuda/). Built only with nvcc; src/cuda_stub.c otherwise. */
 int fa3c_cuda_backend_usable(void);                 /* compiled in and an sm_90 GPU present */
 int fa3c_cuda_pointer_is_device(const void *ptr);   /* 1 if device (or managed) memory */
+/* bytes from device memory src to host dst, ordered on stream, which it then
+ * synchronizes (fa3c_*_check_device). */
+fa3c_status fa3c_cuda_copy_to_host(void *dst, const void *src, size_t bytes, void *stream);
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream);
 fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream);
 /* NOT_SUPPORTED with a message when the CUDA backend cannot do this call. */

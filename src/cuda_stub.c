@@ -12,6 +12,10 @@ int fa3c_cuda_backend_usable(void) {
 
 int fa3c_cuda_pointer_is_device(const void *ptr) { return 0; }
 
+fa3c_status fa3c_cuda_copy_to_host(void *dst, const void *src, size_t bytes, void *stream) {
+    return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
+}
+
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
 }

@@ -120,14 +120,20 @@ static int outputs_untouched(fixture *f, int bwd) {
     return untouched(f->out, BUF_BYTES) && untouched(f->lse, LSE_BYTES);
 }
 
-/* Both the check function and the call must refuse p with `want`, name
- * `needle` in the message, and leave the outputs alone. */
+/* Both check functions (fa3c_*_check_device is the same on the CPU
+ * backends) and the call must refuse p with `want`, name `needle` in the
+ * message, and leave the outputs alone. */
 static void expect_fwd(fixture *f, const fa3c_fwd_params *p, fa3c_status want, const char *needle, int line) {
     poison_outputs(f, 0);
     fa3c_status s = fa3c_fwd_check(p);
     CHECK(s == want, "line %d: fa3c_fwd_check -> %s, want %s (%s)", line, fa3c_status_string(s),
           fa3c_status_string(want), fa3c_last_error());
     CHECK(strstr(fa3c_last_error(), needle) != NULL, "line %d: check message '%s' lacks '%s'", line,
+          fa3c_last_error(), needle);
+    s = fa3c_fwd_check_device(p, NULL);
+    CHECK(s == want, "line %d: fa3c_fwd_check_device -> %s, want %s (%s)", line, fa3c_status_string(s),
+          fa3c_status_string(want), fa3c_last_error());
+    CHECK(strstr(fa3c_last_error(), needle) != NULL, "line %d: check_device message '%s' lacks '%s'", line,
           fa3c_last_error(), needle);
     s = fa3c_fwd(p, NULL);
     CHECK(s == want, "line %d: fa3c_fwd -> %s, want %s (%s)", line, fa3c_status_string(s),
@@ -144,6 +150,11 @@ static void expect_bwd(fixture *f, const fa3c_bwd_params *p, fa3c_status want, c
           fa3c_status_string(want), fa3c_last_error());
     CHECK(strstr(fa3c_last_error(), needle) != NULL, "line %d: check message '%s' lacks '%s'", line,
           fa3c_last_error(), needle);
+    s = fa3c_bwd_check_device(p, NULL);
+    CHECK(s == want, "line %d: fa3c_bwd_check_device -> %s, want %s (%s)", line, fa3c_status_string(s),
+          fa3c_status_string(want), fa3c_last_error());
+    CHECK(strstr(fa3c_last_error(), needle) != NULL, "line %d: check_device message '%s' lacks '%s'", line,
+          fa3c_last_error(), needle);
     s = fa3c_bwd(p, NULL);
     CHECK(s == want, "line %d: fa3c_bwd -> %s, want %s (%s)", line, fa3c_status_string(s),
           fa3c_status_string(want), fa3c_last_error());
@@ -157,12 +168,16 @@ static void expect_fwd_ok(const fa3c_fwd_params *p, int line) {
     fa3c_status s = fa3c_fwd_check(p);
     CHECK(s == OK, "line %d: fa3c_fwd_check -> %s (%s)", line, fa3c_status_string(s), fa3c_last_error());
     CHECK(fa3c_last_error()[0] == '\0', "line %d: message left after OK: '%s'", line, fa3c_last_error());
+    s = fa3c_fwd_check_device(p, NULL);
+    CHECK(s == OK, "line %d: fa3c_fwd_check_device -> %s (%s)", line, fa3c_status_string(s), fa3c_last_error());
 }
 
 static void expect_bwd_ok(const fa3c_bwd_params *p, int line) {
     fa3c_status s = fa3c_bwd_check(p);
     CHECK(s == OK, "line %d: fa3c_bwd_check -> %s (%s)", line, fa3c_status_string(s), fa3c_last_error());
     CHECK(fa3c_last_error()[0] == '\0', "line %d: message left after OK: '%s'", line, fa3c_last_error());
+    s = fa3c_bwd_check_device(p, NULL);
+    CHECK(s == OK, "line %d: fa3c_bwd_check_device -> %s (%s)", line, fa3c_status_string(s), fa3c_last_error());
 }
 
 #define FWD_FAIL(f, p, st, needle) expect_fwd(&(f), &(p), st, needle, __LINE__)

@@ -115,6 +115,17 @@ int fa3c_cuda_pointer_is_device(const void *ptr) {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+fa3c_status fa3c_cuda_copy_to_host(void *dst, const void *src, size_t bytes, void *stream) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return fa3c_error(FA3C_STATUS_CUDA_ERROR, "copying %zu bytes of device metadata to the host: %s", bytes,
+                          cudaGetErrorString(e));
+    }
+    return FA3C_STATUS_OK;
+}
+
 static const char *dtype_name(fa3c_dtype d) {
     switch (d) {
     case FA3C_DTYPE_FP32: return "fp32";

@@ -4,8 +4,9 @@
 // no CUDA error behind, and writes nothing outside its outputs (poisoned
 // guards on both sides); under compute-sanitizer memcheck (tools/gpu_check.sh)
 // it also reads nothing outside any allocation. What the outputs hold is not
-// asserted: the inputs are not the caller's valid data (reporting the broken
-// metadata to the caller is the issue's next step).
+// asserted: the inputs are not the caller's valid data. What reports them is
+// fa3c_fwd_check_device / fa3c_bwd_check_device, run on the same params
+// first: each case must be refused, naming the array and the entry.
 #include "gpu_util.cuh"
 #include "testutil.h"
 #include "backend.h"
@@ -71,7 +72,20 @@ static void check_aftermath(const char *what, fa3c_status st, guarded *outs, int
 // bound docs/API.md states), and what the kernels keep their accesses in.
 // (Tensors smaller than that bound need the caller to say their token count:
 // the issue's next step.)
-static void varlen_case(const char *what, const int32_t cu[3], int max_len, int backward) {
+// fa3c_*_check_device on the same params: it reads the device arrays and
+// must refuse them, naming `needle` (NULL: valid metadata, OK).
+static void expect_device_check(const char *what, fa3c_status st, const char *needle) {
+    printf("    %s: fa3c_*_check_device -> %s: %s\n", what, fa3c_status_string(st), fa3c_last_error());
+    if (!needle) {
+        CHECK(st == FA3C_STATUS_OK, "%s: fa3c_*_check_device refused valid metadata", what);
+        return;
+    }
+    CHECK(st == FA3C_STATUS_INVALID_ARGUMENT && strstr(fa3c_last_error(), needle),
+          "%s: fa3c_*_check_device gave %s, '%s' (want INVALID_ARGUMENT naming %s)", what, fa3c_status_string(st),
+          fa3c_last_error(), needle);
+}
+
+static void varlen_case(const char *what, const int32_t cu[3], int max_len, int backward, const char *needle) {
     enum { H = 2, D = 128 };
     const int TOK = 2 * max_len;
     guarded q = make_guarded(TOK * H * D, 1), k = make_guarded(TOK * H * D, 1), v = make_guarded(TOK * H * D, 1);
@@ -91,6 +105,7 @@ static void varlen_case(const char *what, const int32_t cu[3], int max_len, int 
     }
     p.lse = (float *)data(&lse);
     p.backend = FA3C_BACKEND_CUDA;
+    expect_device_check(what, fa3c_fwd_check_device(&p, NULL), needle);
     fa3c_status st = fa3c_fwd(&p, NULL);
     guarded fwd_outs[2] = {out, lse};
     check_aftermath(what, st, fwd_outs, 2);
@@ -109,6 +124,7 @@ static void varlen_case(const char *what, const int32_t cu[3], int max_len, int 
         b.backend = FA3C_BACKEND_CUDA;
         char label[128];
         snprintf(label, sizeof label, "%s, backward", what);
+        expect_device_check(label, fa3c_bwd_check_device(&b, NULL), needle);
         guarded outs[3] = {dq, dk, dv};
         check_aftermath(label, fa3c_bwd(&b, NULL), outs, 3);
     }
@@ -120,13 +136,15 @@ static void varlen_case(const char *what, const int32_t cu[3], int max_len, int 
 TEST(varlen_cu_seqlens_past_the_tokens) {
     REQUIRE_SM90();
     const int32_t past[3] = {0, 20, 4000};   // 30 tokens in the tensors (2 x 15)
-    varlen_case("cu_seqlens [0, 20, 4000] with max_seqlen 15", past, 15, 1);
+    varlen_case("cu_seqlens [0, 20, 4000] with max_seqlen 15", past, 15, 1, "problem.cu_seqlens_q");
     const int32_t decreasing[3] = {0, 25, 10};
-    varlen_case("cu_seqlens decreasing", decreasing, 30, 1);
+    varlen_case("cu_seqlens decreasing", decreasing, 30, 1, "problem.cu_seqlens_q");
     const int32_t negative[3] = {-50, 5, 30};
-    varlen_case("cu_seqlens starting at -50", negative, 64, 1);
+    varlen_case("cu_seqlens starting at -50", negative, 64, 1, "problem.cu_seqlens_q[0]");
     const int32_t longer[3] = {0, 30, 30};   // a sequence longer than max_len (16)
-    varlen_case("a sequence longer than max_seqlen", longer, 16, 1);
+    varlen_case("a sequence longer than max_seqlen", longer, 16, 1, "problem.cu_seqlens_q");
+    const int32_t valid[3] = {0, 10, 25};
+    varlen_case("valid cu_seqlens [0, 10, 25]", valid, 15, 1, NULL);
 }
 
 // A paged cache of 4 pages of 16 keys, two sequences, with table entries
@@ -159,6 +177,7 @@ TEST(paged_table_past_the_pages) {
             char label[128];
             snprintf(label, sizeof label, "page table entries 999, -7, 2^30%s, %d split%s",
                      c ? ", seqused_k 5000 over 64 keys" : "", splits, splits > 1 ? "s" : "");
+            if (splits == 1) expect_device_check(label, fa3c_fwd_check_device(&p, NULL), c ? "problem.seqused_k[0]" : "problem.page_table[0][1]");
             check_aftermath(label, fa3c_fwd(&p, NULL), &out, 1);
         }
     }
@@ -186,6 +205,7 @@ TEST(seqused_k_past_the_keys) {
     p.v = tu_tensor(data(&v), B, S, H, D), p.out = tu_tensor(data(&out), B, S, H, D);
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
+    expect_device_check("seqused_k {5000, -3}", fa3c_fwd_check_device(&p, NULL), "problem.seqused_k[0]");
     check_aftermath("seqused_k {5000, -3} over 64 keys", fa3c_fwd(&p, NULL), &out, 1);
     fa3c_bwd_params b;
     fa3c_bwd_params_init(&b);
@@ -197,6 +217,7 @@ TEST(seqused_k_past_the_keys) {
     b.dv = tu_tensor(data(&dv), B, S, H, D);
     b.backend = FA3C_BACKEND_CUDA;
     guarded outs[3] = {dq, dk, dv};
+    expect_device_check("seqused_k {5000, -3}, backward", fa3c_bwd_check_device(&b, NULL), "problem.seqused_k[0]");
     check_aftermath("seqused_k {5000, -3} over 64 keys, backward", fa3c_bwd(&b, NULL), outs, 3);
     guarded all[8] = {q, k, v, out, dout, dq, dk, dv};
     for (int i = 0; i < 8; i++) cudaFree(all[i].alloc);
