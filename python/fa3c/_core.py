@@ -13,6 +13,7 @@ are left to libfa3c so its message reaches the user verbatim.
 import contextlib
 import ctypes
 import math
+import os
 
 from . import _lib
 from ._lib import Fa3cError
@@ -169,9 +170,10 @@ class Call:
     same pointers, for a few microseconds of Python: benchmarks use it to time the
     kernels rather than the argument handling."""
 
-    def __init__(self, fn, params, outputs, keep, context="", check_fn=None):
+    def __init__(self, fn, params, outputs, keep, context="", check_fn=None, check_device_fn=None):
         self._fn = fn
         self._check_fn = check_fn
+        self._check_device_fn = check_device_fn
         self._params = params
         self._ref = ctypes.byref(params)
         self.outputs = outputs
@@ -183,6 +185,8 @@ class Call:
 
     def run(self, stream=None):
         with self.guard() if self.guard is not None else contextlib.nullcontext():
+            if CHECK_METADATA:
+                self.check_device(stream)
             st = self._fn(self._ref, self.stream if stream is None else stream)
             if st:
                 _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
@@ -196,6 +200,19 @@ class Call:
         st = self._check_fn(self._ref)
         if st:
             _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
+
+    def check_device(self, stream=None):
+        """check(), and on CUDA also the device-resident cu_seqlens, seqused_k, page table and
+        descales, copied to the host on the call's stream (a synchronization;
+        fa3c_fwd_check_device): raises Fa3cError naming a bad entry."""
+        st = self._check_device_fn(self._ref, self.stream if stream is None else stream)
+        if st:
+            _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
+
+
+# FA3C_CHECK_METADATA=1: every call first checks its device-resident metadata
+# (Call.check_device): a debugging mode for engines, one synchronization per call.
+CHECK_METADATA = os.environ.get("FA3C_CHECK_METADATA", "0") not in ("", "0")
 
 
 def forward(ops, q, k, v, stream=None, **kw):
@@ -262,7 +279,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
     return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks),
-                check_fn=L.fa3c_fwd_check)
+                check_fn=L.fa3c_fwd_check, check_device_fn=L.fa3c_fwd_check_device)
 
 
 def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -319,7 +336,7 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     # NOT_SUPPORTED from a backward usually means "this backend has no backward
     # for this case yet": the error says it was the backward, then the reason.
     return Call(L.fa3c_bwd, p, outputs, (dout, q, k, v, out, lse, cu_q, cu_k, used_k, sinks),
-                context="fa3c backward", check_fn=L.fa3c_bwd_check)
+                context="fa3c backward", check_fn=L.fa3c_bwd_check, check_device_fn=L.fa3c_bwd_check_device)
 
 
 def backend_code(backend):

@@ -171,6 +171,8 @@ def _declare(lib):
         "fa3c_bwd": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
         "fa3c_fwd_check": (ctypes.c_int, [fwd_p]),
         "fa3c_bwd_check": (ctypes.c_int, [bwd_p]),
+        "fa3c_fwd_check_device": (ctypes.c_int, [fwd_p, ctypes.c_void_p]),
+        "fa3c_bwd_check_device": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
         "fa3c_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "fa3c_last_error": (ctypes.c_char_p, []),
         "fa3c_version": (ctypes.c_char_p, []),
