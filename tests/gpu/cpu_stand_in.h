@@ -18,3 +18,7 @@
 #define cudaFree(p) free(p)
 #define cudaDeviceSynchronize() cudaSuccess
 #define FA3C_BACKEND_CUDA FA3C_BACKEND_CPU
+// The CPU backend takes attention sinks: their cases run here whatever the
+// CUDA kernels' switch (backend.h).
+#undef FA3C_CUDA_SINKS
+#define FA3C_CUDA_SINKS 1
