@@ -993,6 +993,10 @@ static void run_round(fz *z, int nmut, const int *weights, fa3c_status expect_ba
     const fa3c_status s1 = do_check(z);
     char msg1[1024];
     snprintf(msg1, sizeof msg1, "%s", fa3c_last_error());
+    /* fa3c_*_check_device: on host memory, the same verdict and message from the same reads. */
+    const fa3c_status s1d = z->bwd ? fa3c_bwd_check_device(&z->g, NULL) : fa3c_fwd_check_device(&z->f, NULL);
+    CHECK(s1d == s1 && strcmp(fa3c_last_error(), msg1) == 0, "check_device said %s '%s', the check %s '%s'",
+          fa3c_status_string(s1d), fa3c_last_error(), fa3c_status_string(s1), msg1);
     unpoison_all(z);
     char where[128];
     CHECK(known_status(s1), "check returned unknown status %d", (int)s1);
