@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 2
+#define FA3C_VERSION_MINOR 3
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -183,18 +183,54 @@ FA3C_API const char *fa3c_status_string(fa3c_status s);
  * "k: stride of dim 3 must be 1 (got 2)"; "" after a successful call. */
 FA3C_API const char *fa3c_last_error(void);
 
-/* "0.2.0" */
+/* "0.3.0" */
 FA3C_API const char *fa3c_version(void);
 
 /* The layout of a public struct as this library was built: with field NULL
  * the size of struct `type` ("fa3c_tensor", "fa3c_problem",
- * "fa3c_fwd_params", "fa3c_bwd_params"), else the byte offset of `field` in
+ * "fa3c_fwd_params", "fa3c_bwd_params", "fa3c_append_params"), else the byte offset of `field` in
  * it; -1 for a name it does not know. For bindings that mirror the structs
  * (python/fa3c checks every field and refuses a library that differs). */
 FA3C_API int64_t fa3c_struct_layout(const char *type, const char *field);
 
 /* 1 when the CUDA backend was compiled in and an sm_90 GPU is usable. */
 FA3C_API int fa3c_cuda_available(void);
+
+/* ---- KV cache appends (a decode step's write) ----------------------------- */
+
+/* New keys and values written into a KV cache at each sequence's filled
+ * length, as FA3's flash_attn_with_kvcache(k=, v=) does before attending:
+ * token j of sequence b goes to position cache_seqlens[b] + j of that
+ * sequence, in its rows of a contiguous cache or through its page table.
+ * cache_seqlens is not changed (the caller advances it). On the CUDA backend
+ * nothing is read back to the host: the call can be captured in a CUDA graph
+ * with the rest of the step. Where cache_seqlens lives on the GPU the API
+ * cannot read it; the kernel then skips a token whose position is past the
+ * cache or whose page entry is outside [0, num_pages) (fa3c_append_kv_check_device
+ * names such entries). */
+typedef struct fa3c_append_params {
+    fa3c_dtype dtype;             /* of the new tokens and the caches (E4M3: bytes) */
+    int batch, seqlen_new, heads_kv, headdim;
+    int headdim_v;                /* v's columns; 0 = headdim */
+    fa3c_tensor k_new, v_new;     /* (batch, seqlen_new, heads_kv, headdim / headdim_v) */
+    /* (batch, seqlen_cache, heads_kv, .) rows of each sequence, or with a page
+     * table (num_pages, page_size, heads_kv, .): stride[0] steps over pages. */
+    fa3c_tensor k_cache, v_cache;
+    int seqlen_cache;             /* contiguous: rows per sequence (1..FA3C_MAX_SEQLEN) */
+    const int32_t *cache_seqlens; /* batch filled lengths (required), the tensors' memory */
+    const int32_t *page_table;    /* NULL = contiguous; else batch rows of page_table_stride */
+    int64_t page_table_stride;
+    int page_size, num_pages;
+    fa3c_backend backend;         /* AUTO: CUDA for device memory, else CPU */
+} fa3c_append_params;
+
+FA3C_API void fa3c_append_params_init(fa3c_append_params *p);
+FA3C_API fa3c_status fa3c_append_kv(const fa3c_append_params *p, void *stream);
+/* The status fa3c_append_kv would return, without writing (host arrays read). */
+FA3C_API fa3c_status fa3c_append_kv_check(const fa3c_append_params *p);
+/* fa3c_append_kv_check, and on the CUDA backend cache_seqlens and the page
+ * table copied to the host on stream (synchronized) and checked too. */
+FA3C_API fa3c_status fa3c_append_kv_check_device(const fa3c_append_params *p, void *stream);
 
 /* ---- fp8 and incoherent processing helpers (host, CPU memory) ----------- */
 

@@ -31,6 +31,13 @@ static const layout_entry layout[] = {
     FIELD(fa3c_bwd_params, v), FIELD(fa3c_bwd_params, out), FIELD(fa3c_bwd_params, dout),
     FIELD(fa3c_bwd_params, lse), FIELD(fa3c_bwd_params, dq), FIELD(fa3c_bwd_params, dk), FIELD(fa3c_bwd_params, dv),
     FIELD(fa3c_bwd_params, dsinks), FIELD(fa3c_bwd_params, deterministic), FIELD(fa3c_bwd_params, backend),
+    SIZE(fa3c_append_params), FIELD(fa3c_append_params, dtype), FIELD(fa3c_append_params, batch),
+    FIELD(fa3c_append_params, seqlen_new), FIELD(fa3c_append_params, heads_kv), FIELD(fa3c_append_params, headdim),
+    FIELD(fa3c_append_params, headdim_v), FIELD(fa3c_append_params, k_new), FIELD(fa3c_append_params, v_new),
+    FIELD(fa3c_append_params, k_cache), FIELD(fa3c_append_params, v_cache), FIELD(fa3c_append_params, seqlen_cache),
+    FIELD(fa3c_append_params, cache_seqlens), FIELD(fa3c_append_params, page_table),
+    FIELD(fa3c_append_params, page_table_stride), FIELD(fa3c_append_params, page_size),
+    FIELD(fa3c_append_params, num_pages), FIELD(fa3c_append_params, backend),
 };
 #undef SIZE
 #undef FIELD

@@ -331,6 +331,9 @@ TEST(struct_layout) {
     CHECK(fa3c_struct_layout("fa3c_bwd_params", NULL) == (int64_t)sizeof(fa3c_bwd_params), "bwd size");
     CHECK(fa3c_struct_layout("fa3c_problem", NULL) == (int64_t)sizeof(fa3c_problem), "problem size");
     CHECK(fa3c_struct_layout("fa3c_tensor", NULL) == (int64_t)sizeof(fa3c_tensor), "tensor size");
+    CHECK(fa3c_struct_layout("fa3c_append_params", NULL) == (int64_t)sizeof(fa3c_append_params), "append size");
+    CHECK(fa3c_struct_layout("fa3c_append_params", "cache_seqlens") == (int64_t)offsetof(fa3c_append_params, cache_seqlens),
+          "append cache_seqlens offset");
     CHECK(fa3c_struct_layout("fa3c_fwd_params", "backend") == (int64_t)offsetof(fa3c_fwd_params, backend), "fwd");
     CHECK(fa3c_struct_layout("fa3c_bwd_params", "dv") == (int64_t)offsetof(fa3c_bwd_params, dv), "bwd dv");
     CHECK(fa3c_struct_layout("fa3c_problem", "num_pages") == (int64_t)offsetof(fa3c_problem, num_pages), "pages");
@@ -713,8 +716,8 @@ TEST(version) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", FA3C_VERSION_MAJOR, FA3C_VERSION_MINOR, FA3C_VERSION_PATCH);
     CHECK(strcmp(fa3c_version(), want) == 0, "'%s' vs '%s'", fa3c_version(), want);
-    CHECK(strcmp(fa3c_version(), "0.2.0") == 0, "'%s'", fa3c_version());
-    CHECK(FA3C_VERSION == 200, "%d", FA3C_VERSION);
+    CHECK(strcmp(fa3c_version(), "0.3.0") == 0, "'%s'", fa3c_version());
+    CHECK(FA3C_VERSION == 300, "%d", FA3C_VERSION);
 }
 
 TEST(params_init) {

@@ -129,7 +129,7 @@ def _candidates():
 # library's own layout on load: check_abi).
 MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
                     "fa3c_bwd_params": BwdParams}
-PACKAGE_VERSION = "0.2.0"   # fa3c.__version__: the library this package was written against
+PACKAGE_VERSION = "0.3.0"   # fa3c.__version__: the library this package was written against
 
 
 def check_abi(lib, where="libfa3c"):
