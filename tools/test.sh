@@ -64,9 +64,10 @@ knob_build() {
         (cd build-knobs && ctest --output-on-failure --no-tests=error -R 'cpu_kernel_math|bwd_refs_on_cpu' -j2 | tail -3)
 }
 # The late claim of first writes (FA3C_BWD_DQ_CLAIM_EARLY=0: the writer claims a
-# dQ tile after its data): needs the writer, so a build of its own (hdim 128 only).
+# dQ tile after its data; needs the writer, so a build of its own, hdim 128 only),
+# with the CUDA kernels' attention sinks compiled in (FA3C_CUDA_SINKS=1, off by default).
 knob_build_claim() {
-    local f="-DFA3C_BWD_DQ_CLAIM_EARLY=0"
+    local f="-DFA3C_BWD_DQ_CLAIM_EARLY=0 -DFA3C_CUDA_SINKS=1"
     cmake -S . -B build-knobs-claim -DCMAKE_BUILD_TYPE=Release -DFA3C_INSTANCES=bf16_hdim128 -DFA3C_BUILD_TESTS=OFF \
         -DFA3C_BUILD_CLI=OFF "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1
     cmake --build build-knobs-claim -j "$(nproc)" --target fa3c "${sync_output[@]}" >build-knobs-claim/build.log 2>&1 ||
@@ -75,7 +76,7 @@ knob_build_claim() {
 }
 if [ -x build/tests/cpu_kernel_math ]; then   # the main build compiled the CUDA code
     stage "backward knobs" knob_build
-    stage "backward knobs (late claim)" knob_build_claim
+    stage "knobs (late claim, CUDA sinks)" knob_build_claim
 fi
 stage ctest bash -c 'cd build && ctest --output-on-failure --no-tests=error -j2'
 # Skipped cases (GPU tests without an sm_90 GPU) say why; show it, so a skip is never mistaken for a pass.

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     }
 
     // An attention sink joins the sum as one more split with no value rows.
-    const float sink = p.sinks ? p.sinks[head] : -INFINITY;
+    const float sink = FA3C_CUDA_SINKS && p.sinks ? p.sinks[head] : -INFINITY;
     float max_lse = sink;
     for (int s = lane; s < p.num_splits; s += 32) {
         w[s] = p.lse_partial[s * rows + row];

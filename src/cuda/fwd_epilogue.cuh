@@ -2,6 +2,7 @@
 // row sums, leaves through smem and TMA stores (or from registers), with
 // the LSE; split-KV tiles write fp32 partials for the combine instead.
 #pragma once
+#include "backend.h"   // FA3C_CUDA_SINKS
 #include "fwd_smem.cuh"
 #include "softmax.cuh"
 #include "trace.cuh"
@@ -230,7 +231,7 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(st.sum[r]);
-        if (p.sinks && p.num_splits == 1) {   // split-KV: the combine adds the sink, once
+        if (FA3C_CUDA_SINKS && p.sinks && p.num_splits == 1) {   // split-KV: the combine adds the sink, once
             const float sink2 = rows[r].valid ? p.sinks[rows[r].head] * 1.44269504f : -INFINITY;   // log2(e)
             row_normalizer(sum, st.off[r], sink2, inv[r], lse[r]);
         } else {
