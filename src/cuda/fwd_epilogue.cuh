@@ -226,17 +226,19 @@ template <int D, int FP16, bool VARLEN>
 FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, float *o, SoftmaxState &st, int row0,
                           int quad, uint8_t *stage, int consumer_index, int ring) {
     trace(consumer_index, ring, TR_EPI_BEGIN);
-    const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
-    float inv[2], lse[2];
+    float sum[2], inv[2], lse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float sum = quad_sum(st.sum[r]);
-        if (FA3C_CUDA_SINKS && p.sinks && p.num_splits == 1) {   // split-KV: the combine adds the sink, once
+        sum[r] = quad_sum(st.sum[r]);
+        inv[r] = sum[r] > 0.f ? rcp_approx(sum[r]) : 0.f;   // fully masked row: output 0
+        lse[r] = sum[r] > 0.f ? (st.off[r] + lg2_approx(sum[r])) * 0.69314718f : -INFINITY;   // ln 2
+    }
+    const OutRow rows[2] = {out_row<VARLEN>(p, t, row0), out_row<VARLEN>(p, t, row0 + 8)};
+    if (FA3C_CUDA_SINKS && p.sinks && p.num_splits == 1) {   // split-KV: the combine adds the sink, once
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
             const float sink2 = rows[r].valid ? p.sinks[rows[r].head] * 1.44269504f : -INFINITY;   // log2(e)
-            row_normalizer(sum, st.off[r], sink2, inv[r], lse[r]);
-        } else {
-            inv[r] = sum > 0.f ? rcp_approx(sum) : 0.f;   // fully masked row: output 0
-            lse[r] = sum > 0.f ? (st.off[r] + lg2_approx(sum)) * 0.69314718f : -INFINITY;   // ln 2
+            row_normalizer(sum[r], st.off[r], sink2, inv[r], lse[r]);
         }
     }
     if (p.num_splits > 1) {

@@ -20,10 +20,6 @@ typedef struct fa3c_fwd_kernel_params {
     int64_t out_stride[3];             /* elements: batch, seqlen, heads */
     int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides) */
     float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
-    /* problem.sinks (NULL = none): one logit per query head in every row's
-     * softmax, with no value row; the epilogue (fwd_epilogue.cuh,
-     * row_normalizer) or, with split-KV, the combine adds it. */
-    const float *sinks;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
     /* GQA packing: the `pack` query heads of a group share one tile, as rows
      * (query i, head h of the group) -> row i * pack + h; 1 = off. A tile
@@ -120,6 +116,11 @@ typedef struct fa3c_fwd_kernel_params {
      * a bound the host knows (the true totals are on the device), and every
      * box stays inside its sequence or before it (fwd_tile.cuh, scheduler.cuh). */
     const int *cu_seqlens_q, *cu_seqlens_k;
+    /* problem.sinks (NULL = none; FA3C_CUDA_SINKS): one logit per query head
+     * in every row's softmax, with no value row; the epilogue (fwd_epilogue.cuh,
+     * row_normalizer) or, with split-KV, the combine adds it. Last, so that the
+     * fields before keep their offsets (and the kernels their SASS). */
+    const float *sinks;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus
