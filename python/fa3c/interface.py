@@ -296,12 +296,11 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     """FA3 precomputes a kv-cache call's schedule here to pass as scheduler_metadata; fa3c
     schedules each call itself, so there is nothing to precompute: returns an empty int32
     array where cache_seqlens lives, which flash_attn_with_kvcache accepts (and ignores).
-    qkv_dtype (FA3's default: torch.bfloat16) and the sizes are not needed. Arguments fa3c
-    cannot honour in the call raise NotImplementedError here already."""
+    qkv_dtype (FA3's default: torch.bfloat16) and the sizes (headdim_v included: the call
+    says whether its backend takes it) are not needed. Arguments fa3c cannot honour in the
+    call raise NotImplementedError here already."""
     _common_unsupported(None, attention_chunk, sm_margin)
     _unsupported(cache_leftpad=(cache_leftpad, None))
-    if headdim_v is not None and headdim_v != headdim:
-        raise NotImplementedError("fa3c: headdim_v=%r is not supported (only headdim)" % headdim_v)
     if _is_torch(cache_seqlens):
         torch = sys.modules["torch"]
         return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
