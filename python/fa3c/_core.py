@@ -185,7 +185,7 @@ class Call:
 
     def run(self, stream=None):
         with self.guard() if self.guard is not None else contextlib.nullcontext():
-            if CHECK_METADATA:
+            if CHECK_METADATA and self._check_device_fn is not None:
                 self.check_device(stream)
             st = self._fn(self._ref, self.stream if stream is None else stream)
             if st:
@@ -337,6 +337,53 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     # for this case yet": the error says it was the backward, then the reason.
     return Call(L.fa3c_bwd, p, outputs, (dout, q, k, v, out, lse, cu_q, cu_k, used_k, sinks),
                 context="fa3c backward", check_fn=L.fa3c_bwd_check, check_device_fn=L.fa3c_bwd_check_device)
+
+
+def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, backend="auto"):
+    """fa3c_append_kv: k, v (batch, seqlen_new, heads_kv, headdim / headdim_v) written in
+    place into the caches at cache_seqlens ((batch,) integers): (batch, seqlen_cache,
+    heads_kv, .) caches, or with page_table ((batch, max_pages) integers) (num_pages,
+    page_size, heads_kv, .) ones. The library checks the rest (docs/API.md)."""
+    caches = []
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if hasattr(ops, "check_writable"):
+            ops.check_writable(c, name)
+        pc = ops.prepare(c)
+        if ops.ptr(pc) != ops.ptr(c) or tuple(ops.strides(pc)) != tuple(ops.strides(c)):
+            raise bad("%s: the cache is written in place, so it needs a unit stride on its last "
+                      "dimension (a copy would be written instead)" % name)
+        caches.append(pc)
+    k, v = ops.prepare(k), ops.prepare(v)
+    for name, x in (("v", v), ("k_cache", caches[0]), ("v_cache", caches[1])):
+        if ops.dtype_code(x) != ops.dtype_code(k):
+            raise bad("k, v and the caches must have one dtype (k is %s, %s is %s)"
+                      % (ops.dtype_name(k), name, ops.dtype_name(x)))
+    for name, x in (("k", k), ("v", v), ("k_cache", caches[0]), ("v_cache", caches[1])):
+        if len(ops.shape(x)) != 4:
+            raise bad("%s must be 4-D (got shape %s)" % (name, tuple(ops.shape(x))))
+    batch, new, heads_kv, d = ops.shape(k)
+    lens = ops.int32(cache_seqlens, k)
+    pt = ops.int32(page_table, k)
+    if ops.shape(lens) != (batch,):
+        raise bad("cache_seqlens must have shape (batch,) = (%d,) (got %s)" % (batch, tuple(ops.shape(lens))))
+    p = _lib.AppendParams()
+    L = _lib.lib()
+    L.fa3c_append_params_init(ctypes.byref(p))
+    p.dtype = ops.dtype_code(k)
+    p.batch, p.seqlen_new, p.heads_kv, p.headdim = batch, new, heads_kv, d
+    dv = ops.shape(v)[3]
+    p.headdim_v = 0 if dv == d else dv
+    p.k_new, p.v_new = _tensor(ops, k, False), _tensor(ops, v, False)
+    p.k_cache, p.v_cache = _tensor(ops, caches[0], False), _tensor(ops, caches[1], False)
+    p.cache_seqlens = ops.ptr(lens)
+    if pt is not None:
+        p.page_table = ops.ptr(pt)
+        p.page_table_stride = int(ops.strides(pt)[0])
+        p.num_pages, p.page_size = ops.shape(caches[0])[0], ops.shape(caches[0])[1]
+    else:
+        p.seqlen_cache = ops.shape(caches[0])[1]
+    p.backend = backend_code(backend)
+    return Call(L.fa3c_append_kv, p, (k_cache, v_cache), (k, v, lens, pt, caches), context="fa3c append")
 
 
 def backend_code(backend):

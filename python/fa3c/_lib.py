@@ -92,6 +92,25 @@ class BwdParams(ctypes.Structure):
     ]
 
 
+class AppendParams(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("seqlen_new", ctypes.c_int),
+        ("heads_kv", ctypes.c_int),
+        ("headdim", ctypes.c_int),
+        ("headdim_v", ctypes.c_int),
+        ("k_new", Tensor), ("v_new", Tensor), ("k_cache", Tensor), ("v_cache", Tensor),
+        ("seqlen_cache", ctypes.c_int),
+        ("cache_seqlens", ctypes.c_void_p),
+        ("page_table", ctypes.c_void_p),
+        ("page_table_stride", ctypes.c_int64),
+        ("page_size", ctypes.c_int),
+        ("num_pages", ctypes.c_int),
+        ("backend", ctypes.c_int),
+    ]
+
+
 class Fa3cError(RuntimeError):
     """An error reported by libfa3c. str(e) is the library's detailed message
     (fa3c_last_error) verbatim; .status is the fa3c_status code and
@@ -128,7 +147,7 @@ def _candidates():
 # The structs this module mirrors, by their C names (checked against the
 # library's own layout on load: check_abi).
 MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
-                    "fa3c_bwd_params": BwdParams}
+                    "fa3c_bwd_params": BwdParams, "fa3c_append_params": AppendParams}
 PACKAGE_VERSION = "0.3.0"   # fa3c.__version__: the library this package was written against
 
 
@@ -172,6 +191,8 @@ def _declare(lib):
         "fa3c_fwd_check": (ctypes.c_int, [fwd_p]),
         "fa3c_bwd_check": (ctypes.c_int, [bwd_p]),
         "fa3c_fwd_check_device": (ctypes.c_int, [fwd_p, ctypes.c_void_p]),
+        "fa3c_append_params_init": (None, [ctypes.POINTER(AppendParams)]),
+        "fa3c_append_kv": (ctypes.c_int, [ctypes.POINTER(AppendParams), ctypes.c_void_p]),
         "fa3c_bwd_check_device": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
         "fa3c_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "fa3c_last_error": (ctypes.c_char_p, []),

@@ -152,9 +152,18 @@ def _check_cache_room(k_cache, n, lens, pages):
 
 
 def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table):
-    """Write the new keys/values into the cache at cache_seqlens (in place), as FA3 does.
-    Checks that everything fits before writing anything. A per-sequence host loop: fine
-    for decoding steps, not a bulk path."""
+    """Write the new keys/values into the cache at cache_seqlens (in place), as FA3 does;
+    nothing is written if anything does not fit. In CPU memory through the library's
+    fa3c_append_kv. On a GPU, for now, a per-sequence host loop (a device sync): the
+    library's append kernel has not run on a GPU yet (docs/API.md, "KV cache appends")."""
+    on_gpu = k_cache.is_cuda if _is_torch(k_cache) else _arrays.ArrayOps(k_cache).cuda
+    if not on_gpu:
+        ops, stream, guard, backend, finish = _launch(k_cache)
+        with guard:
+            call = _core.prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table, backend=backend)
+            call.finish = finish
+            call.run(stream)
+        return
     lens = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
                              else cache_seqlens)]
     pages = page_table.tolist() if page_table is not None else None
