@@ -244,14 +244,13 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     return k;
 }
 
-static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
-    arg_mem m[24];
-    const int n = collect_memory(c, 0, m);
-    fa3c_backend b = c->backend;
-
+/* The backend a call runs on: b, or for AUTO CUDA when `probe` (its first
+ * tensor) is device memory and a GPU is usable. *usable: whether a CUDA
+ * runtime is there to answer questions about memory kinds. */
+static fa3c_status pick_backend(fa3c_backend b, const void *probe, fa3c_backend *out, int *usable) {
     fa3c_clear_error();
-    int usable = fa3c_cuda_backend_usable();
-    if (!usable && b == FA3C_BACKEND_CUDA) {
+    *usable = fa3c_cuda_backend_usable();
+    if (!*usable && b == FA3C_BACKEND_CUDA) {
         /* The CUDA side may have said why (built without it, no sm_90 GPU, ...). */
         char why[256];
         strncpy(why, fa3c_last_error(), sizeof why - 1);
@@ -260,20 +259,28 @@ static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
                           why[0] ? why : "no usable sm_90 GPU");
     }
     if (b == FA3C_BACKEND_AUTO)
-        b = usable && fa3c_cuda_pointer_is_device(c->tensors[0].t->data) ? FA3C_BACKEND_CUDA : FA3C_BACKEND_CPU;
-    /* Only ask about memory kinds when a CUDA runtime is there to answer. */
-    if (usable) {
-        int want_device = b == FA3C_BACKEND_CUDA;
-        for (int i = 0; i < n; i++) {
-            int is_device = fa3c_cuda_pointer_is_device((const void *)m[i].lo) != 0;
-            if (is_device != want_device)
-                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s is %s memory; the %s backend needs %s memory",
-                                  m[i].name, is_device ? "device" : "host", want_device ? "CUDA" : "CPU",
-                                  want_device ? "device" : "host");
-        }
-    }
+        b = *usable && fa3c_cuda_pointer_is_device(probe) ? FA3C_BACKEND_CUDA : FA3C_BACKEND_CPU;
     *out = b;
     return FA3C_STATUS_OK;
+}
+
+/* A pointer backend b reads must be its kind of memory (ask only when usable). */
+static fa3c_status check_memory_kind(const char *name, const void *ptr, fa3c_backend b) {
+    const int want_device = b == FA3C_BACKEND_CUDA, is_device = fa3c_cuda_pointer_is_device(ptr) != 0;
+    if (is_device != want_device)
+        return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "%s is %s memory; the %s backend needs %s memory", name,
+                          is_device ? "device" : "host", want_device ? "CUDA" : "CPU", want_device ? "device" : "host");
+    return FA3C_STATUS_OK;
+}
+
+static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
+    arg_mem m[24];
+    const int n = collect_memory(c, 0, m);
+    int usable;
+    fa3c_status s = pick_backend(c->backend, c->tensors[0].t->data, out, &usable);
+    for (int i = 0; i < n && usable && s == FA3C_STATUS_OK; i++)
+        s = check_memory_kind(m[i].name, (const void *)m[i].lo, *out);
+    return s;
 }
 
 /* ---- 4. host-side arrays (only when they are host memory: CPU backends) ---- */
@@ -642,18 +649,20 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     return FA3C_STATUS_OK;
 }
 
-fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
-    fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r, 0, NULL);
+/* What the check functions return: the status, the message cleared on success. */
+static fa3c_status checked(fa3c_status s) {
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
 }
 
+fa3c_status fa3c_fwd_check(const fa3c_fwd_params *p) {
+    fa3c_fwd_params r;
+    return checked(prepare_fwd(p, &r, 0, NULL));
+}
+
 fa3c_status fa3c_fwd_check_device(const fa3c_fwd_params *p, void *stream) {
     fa3c_fwd_params r;
-    fa3c_status s = prepare_fwd(p, &r, 1, stream);
-    if (s == FA3C_STATUS_OK) fa3c_clear_error();
-    return s;
+    return checked(prepare_fwd(p, &r, 1, stream));
 }
 
 fa3c_status fa3c_fwd(const fa3c_fwd_params *p, void *stream) {
@@ -723,16 +732,12 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, i
 
 fa3c_status fa3c_bwd_check(const fa3c_bwd_params *p) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r, 0, NULL);
-    if (s == FA3C_STATUS_OK) fa3c_clear_error();
-    return s;
+    return checked(prepare_bwd(p, &r, 0, NULL));
 }
 
 fa3c_status fa3c_bwd_check_device(const fa3c_bwd_params *p, void *stream) {
     fa3c_bwd_params r;
-    fa3c_status s = prepare_bwd(p, &r, 1, stream);
-    if (s == FA3C_STATUS_OK) fa3c_clear_error();
-    return s;
+    return checked(prepare_bwd(p, &r, 1, stream));
 }
 
 fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
@@ -748,6 +753,146 @@ fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
     }
     if (s == FA3C_STATUS_OK) fa3c_clear_error();
     return s;
+}
+
+/* ---- KV cache appends (fa3c_append_kv) ---- */
+
+static fa3c_status check_append_scalars(const fa3c_append_params *p) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if ((int)p->dtype < FA3C_DTYPE_FP32 || (int)p->dtype > FA3C_DTYPE_E4M3)
+        return fa3c_error(BAD, "dtype: unknown dtype %d (expected 0..3: FP32, FP16, BF16, E4M3)", (int)p->dtype);
+    fa3c_status s = check_backend_value(p->backend);
+    if (s != FA3C_STATUS_OK) return s;
+    if (p->batch < 0) return fa3c_error(BAD, "batch: must be >= 0 (got %d)", p->batch);
+    if (p->seqlen_new < 0 || p->seqlen_new > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "seqlen_new: must be in [0, FA3C_MAX_SEQLEN] (got %d)", p->seqlen_new);
+    if (p->heads_kv < 1) return fa3c_error(BAD, "heads_kv: must be >= 1 (got %d)", p->heads_kv);
+    if (p->headdim < 1 || p->headdim > 512) return fa3c_error(BAD, "headdim: must be in [1, 512] (got %d)", p->headdim);
+    if (p->headdim_v < 0 || p->headdim_v > 512)
+        return fa3c_error(BAD, "headdim_v: must be 0 (= headdim) or in [1, 512] (got %d)", p->headdim_v);
+    if (p->page_table) {
+        if (p->page_size < 1 || p->page_size > FA3C_MAX_SEQLEN)
+            return fa3c_error(BAD, "page_size: must be in [1, FA3C_MAX_SEQLEN] with a page table (got %d)", p->page_size);
+        if (p->num_pages < 1) return fa3c_error(BAD, "num_pages: must be >= 1 with a page table (got %d)", p->num_pages);
+        if (p->page_table_stride < 1 || p->page_table_stride > INT32_MAX)
+            return fa3c_error(BAD, "page_table_stride: must be in [1, 2^31 - 1] (got %lld)", (long long)p->page_table_stride);
+    } else if (p->seqlen_cache < 1 || p->seqlen_cache > FA3C_MAX_SEQLEN) {
+        return fa3c_error(BAD, "seqlen_cache: must be in [1, FA3C_MAX_SEQLEN] for a contiguous cache (got %d)",
+                          p->seqlen_cache);
+    }
+    if (!p->cache_seqlens) return fa3c_error(BAD, "cache_seqlens: is NULL (each sequence's filled length is needed)");
+    if ((s = check_host_array_ptr("cache_seqlens", p->cache_seqlens, 4)) != FA3C_STATUS_OK) return s;
+    return check_host_array_ptr("page_table", p->page_table, 4);
+}
+
+/* Rows of the cache each sequence has room for. */
+static int64_t append_capacity(const fa3c_append_params *p) {
+    return p->page_table ? p->page_table_stride * p->page_size : p->seqlen_cache;
+}
+
+/* Every position a sequence's new tokens go to lies in the cache, and every
+ * page they write is in range: read on the host (CPU backends, or the copies
+ * of fa3c_append_kv_check_device). */
+static fa3c_status check_append_lengths(const fa3c_append_params *p, const int32_t *lens, const int32_t *table) {
+    const int64_t cap = append_capacity(p);
+    for (int b = 0; b < p->batch; b++) {
+        if (lens[b] < 0 || (int64_t)lens[b] + p->seqlen_new > cap)
+            return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "cache_seqlens[%d]: must be in [0, %lld - seqlen_new = %lld] "
+                              "(got %d): the new tokens must fit in the cache", b, (long long)cap,
+                              (long long)(cap - p->seqlen_new), lens[b]);
+        if (!table) continue;
+        for (int64_t i = lens[b] / p->page_size; i <= ((int64_t)lens[b] + p->seqlen_new - 1) / p->page_size; i++) {
+            const int32_t page = table[(int64_t)b * p->page_table_stride + i];
+            if (page < 0 || page >= p->num_pages)
+                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "page_table[%d][%lld]: page %d is out of range [0, "
+                                  "num_pages = %d)", b, (long long)i, page, p->num_pages);
+        }
+    }
+    return FA3C_STATUS_OK;
+}
+
+/* fa3c_append_kv_check_device: cache_seqlens and the page table on the host. */
+static fa3c_status check_append_device_arrays(const fa3c_append_params *p, void *stream) {
+    const int64_t table = p->page_table ? (int64_t)p->batch * p->page_table_stride : 0;
+    int32_t *lens = (int32_t *)malloc((size_t)p->batch * 4), *tab = table ? (int32_t *)malloc((size_t)table * 4) : NULL;
+    fa3c_status s = FA3C_STATUS_OK;
+    if (!lens || (table && !tab)) s = fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "checking device metadata: no host memory");
+    if (s == FA3C_STATUS_OK) s = fa3c_cuda_copy_to_host(lens, p->cache_seqlens, (size_t)p->batch * 4, stream);
+    if (s == FA3C_STATUS_OK && tab) s = fa3c_cuda_copy_to_host(tab, p->page_table, (size_t)table * 4, stream);
+    if (s == FA3C_STATUS_OK) s = check_append_lengths(p, lens, tab);
+    free(lens);
+    free(tab);
+    return s;
+}
+
+/* Validates p (the tensors as the attention calls check theirs) and resolves
+ * *backend. The caches (written) must not overlap the new tokens or the
+ * metadata, by byte range; the two caches may interleave in one buffer, so
+ * they are told apart by their start only. */
+static fa3c_status prepare_append(const fa3c_append_params *p, fa3c_backend *backend, int check_device, void *stream) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
+    fa3c_status s = check_append_scalars(p);
+    if (s != FA3C_STATUS_OK) return s;
+    *backend = p->backend;
+    if (p->batch == 0 || p->seqlen_new == 0) return FA3C_STATUS_OK;   /* nothing to write, nothing touched */
+
+    const int es = dtype_size(p->dtype), dv = p->headdim_v ? p->headdim_v : p->headdim;
+    const int64_t outer = p->page_table ? p->num_pages : p->batch, rows = p->page_table ? p->page_size : p->seqlen_cache;
+    const tensor_arg ts[4] = {
+        {"k_new", &p->k_new, ROWS_Q, p->heads_kv, es, 0, p->headdim},
+        {"v_new", &p->v_new, ROWS_Q, p->heads_kv, es, 0, dv},
+        {"k_cache", &p->k_cache, ROWS_K, p->heads_kv, es, 1, p->headdim},
+        {"v_cache", &p->v_cache, ROWS_K, p->heads_kv, es, 1, dv},
+    };
+    uintptr_t lo[6], hi[6];   /* bytes [lo, hi) of the tensors, then cache_seqlens and the page table */
+    for (int i = 0; i < 4; i++) {
+        const int64_t n[4] = {i < 2 ? p->batch : outer, i < 2 ? p->seqlen_new : rows, ts[i].heads, ts[i].dim};
+        const int64_t *st = ts[i].t->stride;
+        if ((s = check_tensor_form(&ts[i])) != FA3C_STATUS_OK ||
+            (s = check_extent(ts[i].name, ts[i].t->data, es, n, st)) != FA3C_STATUS_OK ||
+            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n, st)) != FA3C_STATUS_OK))
+            return s;
+        int64_t last = 0;   /* cannot overflow: check_extent passed */
+        for (int d = 0; d < 4; d++) last += (n[d] - 1) * st[d];
+        lo[i] = (uintptr_t)ts[i].t->data;
+        hi[i] = lo[i] + (uintptr_t)((last + 1) * es);
+    }
+    lo[4] = (uintptr_t)p->cache_seqlens, hi[4] = lo[4] + (uintptr_t)p->batch * 4;
+    lo[5] = (uintptr_t)p->page_table;
+    hi[5] = lo[5] + (uintptr_t)(p->page_table ? (int64_t)p->batch * p->page_table_stride * 4 : 0);
+
+    int usable;
+    if ((s = pick_backend(p->backend, p->k_cache.data, backend, &usable)) != FA3C_STATUS_OK) return s;
+    const char *names[6] = {"k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "page_table"};
+    for (int i = 0; i < 6 && usable; i++)
+        if (lo[i] && (s = check_memory_kind(names[i], (const void *)lo[i], *backend)) != FA3C_STATUS_OK) return s;
+    for (int o = 2; o < 4; o++)
+        for (int i = 0; i < 6; i++)
+            if (i != o && (i < 2 || i > 3) && lo[i] < hi[o] && lo[o] < hi[i])
+                return fa3c_error(BAD, "%s: overlaps %s (the cache is written)", names[o], names[i]);
+    if (lo[2] == lo[3]) return fa3c_error(BAD, "v_cache: starts where k_cache does");
+
+    if (*backend != FA3C_BACKEND_CUDA) return check_append_lengths(p, p->cache_seqlens, p->page_table);
+    return check_device ? check_append_device_arrays(p, stream) : FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_append_kv_check(const fa3c_append_params *p) {
+    fa3c_backend backend;
+    return checked(prepare_append(p, &backend, 0, NULL));
+}
+
+fa3c_status fa3c_append_kv_check_device(const fa3c_append_params *p, void *stream) {
+    fa3c_backend backend;
+    return checked(prepare_append(p, &backend, 1, stream));
+}
+
+fa3c_status fa3c_append_kv(const fa3c_append_params *p, void *stream) {
+    fa3c_backend backend;
+    fa3c_status s = prepare_append(p, &backend, 0, NULL);
+    if (s != FA3C_STATUS_OK || p->batch == 0 || p->seqlen_new == 0) return checked(s);
+    fa3c_clear_error();
+    return checked(backend == FA3C_BACKEND_CUDA ? fa3c_cuda_append_kv(p, stream) : fa3c_cpu_append_kv(p));
 }
 
 int fa3c_cuda_available(void) {

@@ -28,6 +28,7 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p);            /* tiled online s
 fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p);  /* naive, double */
 fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p);
 fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p);
+fa3c_status fa3c_cpu_append_kv(const fa3c_append_params *p);    /* src/cpu/append.c */
 
 /* CUDA backend (src/cuda/). Built only with nvcc; src/cuda_stub.c otherwise. */
 int fa3c_cuda_backend_usable(void);                 /* compiled in and an sm_90 GPU present */

@@ -1,4 +1,4 @@
-// fa3c_append_kv's kernel (src/append.c validates): new key and value rows
+// fa3c_append_kv's kernel (src/api.c validates): new key and value rows
 // copied into the cache at each sequence's filled length. One CTA per new
 // token; its threads copy the token's heads_kv rows of K and then of V, 16
 // bytes at a time where every row start is 16-byte aligned, else one element

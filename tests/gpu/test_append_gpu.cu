@@ -85,10 +85,15 @@ static void run_case(const char *what, int d, int dv, int paged, const int32_t l
     free(kn), free(vn), free(kc), free(vc), free(gk), free(gv);
 }
 
+// 8 pages per sequence, shuffled over the PAGES (7 and PAGES are coprime: all distinct).
+static void shuffled_table(int32_t table[B * 8]) {
+    for (int i = 0; i < B * 8; i++) table[i] = (i * 7 + 3) % PAGES;
+}
+
 TEST(append_matches_the_cpu) {
     REQUIRE_SM90();
     int32_t table[B * 8];
-    for (int i = 0; i < B * 8; i++) table[i] = (i * 7 + 3) % PAGES;
+    shuffled_table(table);
     const int32_t lens[B] = {0, 7, 19};
     run_case("contiguous, 16-byte rows", 64, 128, 0, lens, table);
     run_case("paged, 16-byte rows", 64, 128, 1, lens, table);
@@ -99,7 +104,7 @@ TEST(append_matches_the_cpu) {
 TEST(append_hostile_metadata) {
     REQUIRE_SM90();
     int32_t table[B * 8];
-    for (int i = 0; i < B * 8; i++) table[i] = (i * 7 + 3) % PAGES;
+    shuffled_table(table);
     const int32_t past[B] = {0, 7, 5000};
     run_case("a length past the cache", 64, 64, 0, past, table);
     run_case("a length past the pages", 64, 64, 1, past, table);
