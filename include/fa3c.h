@@ -207,7 +207,28 @@ FA3C_API int fa3c_cuda_available(void);
  * with the rest of the step. Where cache_seqlens lives on the GPU the API
  * cannot read it; the kernel then skips a token whose position is past the
  * cache or whose page entry is outside [0, num_pages) (fa3c_append_kv_check_device
- * names such entries). */
+ * names such entries).
+ *
+ * FA3's cache_batch_idx (sequence b in row cache_batch_idx[b] of a contiguous
+ * cache) is a page table of one page per sequence: page_table = cache_batch_idx,
+ * page_table_stride = 1, page_size = seqlen_cache, num_pages = the cache's rows.
+ * The attention calls take the same page table.
+ *
+ * Optional parts, as flash_attn_with_kvcache has them (zero / NULL = off):
+ * - cu_seqlens_new: the new tokens packed. Sequence b appends rows
+ *   cu_seqlens_new[b] .. cu_seqlens_new[b + 1] - 1 of k_new / v_new, which are
+ *   (1, total, heads_kv, .) (stride[0] ignored); seqlen_new is then the most any
+ *   sequence appends.
+ * - Rotary embedding (rotary_dim > 0; FP32, FP16, BF16): the first rotary_dim
+ *   columns of each new key are rotated as they are written, and those of q
+ *   into q_out (the other columns copied), in float, rounded once. New token j
+ *   of sequence b is at position pos_b + j, pos_b = rotary_seqlens[b] (NULL:
+ *   cache_seqlens[b]); query i at pos_b + i when rotary_q_by_row (what FA3
+ *   does for causal or local attention), else at pos_b. A pair (x, y) at
+ *   position t and frequency f becomes (x·cos - y·sin, x·sin + y·cos) with
+ *   cos = rotary_cos[t][f], sin = rotary_sin[t][f]. A position outside
+ *   [0, rotary_rows) is refused where the API can read the lengths; in a
+ *   kernel that token or query row is skipped. */
 typedef struct fa3c_append_params {
     fa3c_dtype dtype;             /* of the new tokens and the caches (E4M3: bytes) */
     int batch, seqlen_new, heads_kv, headdim;
@@ -222,6 +243,16 @@ typedef struct fa3c_append_params {
     int64_t page_table_stride;
     int page_size, num_pages;
     fa3c_backend backend;         /* AUTO: CUDA for device memory, else CPU */
+    const int32_t *cu_seqlens_new;  /* batch + 1 prefix sums: the new tokens packed (above) */
+    const void *rotary_cos, *rotary_sin;  /* dtype, (rotary_rows, rotary_dim / 2), rows rotary_stride apart */
+    int rotary_dim;               /* 0 = no rotary; else even, <= headdim */
+    int rotary_rows;
+    int64_t rotary_stride;        /* in elements; 0 = rotary_dim / 2 */
+    int rotary_interleaved;       /* 1: pairs (2f, 2f + 1) (GPT-J); 0: (f, f + rotary_dim / 2) (GPT-NeoX) */
+    const int32_t *rotary_seqlens;  /* batch positions of the first new token; NULL = cache_seqlens */
+    fa3c_tensor q, q_out;         /* q.data NULL = none; (batch, seqlen_q, heads_q, headdim); q_out may be q */
+    int seqlen_q, heads_q;
+    int rotary_q_by_row;          /* 1: query i at pos_b + i; 0: every query at pos_b */
 } fa3c_append_params;
 
 FA3C_API void fa3c_append_params_init(fa3c_append_params *p);

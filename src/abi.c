@@ -38,6 +38,12 @@ static const layout_entry layout[] = {
     FIELD(fa3c_append_params, cache_seqlens), FIELD(fa3c_append_params, page_table),
     FIELD(fa3c_append_params, page_table_stride), FIELD(fa3c_append_params, page_size),
     FIELD(fa3c_append_params, num_pages), FIELD(fa3c_append_params, backend),
+    FIELD(fa3c_append_params, cu_seqlens_new), FIELD(fa3c_append_params, rotary_cos),
+    FIELD(fa3c_append_params, rotary_sin), FIELD(fa3c_append_params, rotary_dim),
+    FIELD(fa3c_append_params, rotary_rows), FIELD(fa3c_append_params, rotary_stride),
+    FIELD(fa3c_append_params, rotary_interleaved), FIELD(fa3c_append_params, rotary_seqlens),
+    FIELD(fa3c_append_params, q), FIELD(fa3c_append_params, q_out), FIELD(fa3c_append_params, seqlen_q),
+    FIELD(fa3c_append_params, heads_q), FIELD(fa3c_append_params, rotary_q_by_row),
 };
 #undef SIZE
 #undef FIELD

@@ -757,6 +757,51 @@ fa3c_status fa3c_bwd(const fa3c_bwd_params *p, void *stream) {
 
 /* ---- KV cache appends (fa3c_append_kv) ---- */
 
+/* The rotary fields: all unset without rotary_dim, else complete. */
+static fa3c_status check_append_rotary(const fa3c_append_params *p) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if (p->rotary_dim == 0) {
+        const char *stray = p->rotary_cos       ? "rotary_cos"
+                            : p->rotary_sin     ? "rotary_sin"
+                            : p->rotary_seqlens ? "rotary_seqlens"
+                            : p->q.data         ? "q"
+                            : p->q_out.data     ? "q_out"
+                                                : NULL;
+        return stray ? fa3c_error(BAD, "%s: given with rotary_dim = 0 (there is no rotary embedding to apply)", stray)
+                     : FA3C_STATUS_OK;
+    }
+    if (p->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "rotary_dim: no rotary embedding of E4M3 tokens (rotate them "
+                          "before quantizing)");
+    if (p->rotary_dim < 0 || p->rotary_dim % 2 || p->rotary_dim > p->headdim)
+        return fa3c_error(BAD, "rotary_dim: must be 0 or even and in [2, headdim = %d] (got %d)", p->headdim,
+                          p->rotary_dim);
+    if (!p->rotary_cos || !p->rotary_sin)
+        return fa3c_error(BAD, "%s: is NULL with rotary_dim = %d", p->rotary_cos ? "rotary_sin" : "rotary_cos",
+                          p->rotary_dim);
+    if (p->rotary_rows < 1) return fa3c_error(BAD, "rotary_rows: must be >= 1 with rotary tables (got %d)", p->rotary_rows);
+    if (p->rotary_stride != 0 && (p->rotary_stride < p->rotary_dim / 2 || p->rotary_stride > INT32_MAX))
+        return fa3c_error(BAD, "rotary_stride: must be 0 (= rotary_dim / 2) or in [rotary_dim / 2 = %d, 2^31 - 1] (got %lld)",
+                          p->rotary_dim / 2, (long long)p->rotary_stride);
+    if (p->rotary_interleaved != 0 && p->rotary_interleaved != 1)
+        return fa3c_error(BAD, "rotary_interleaved: must be 0 or 1 (got %d)", p->rotary_interleaved);
+    if (p->rotary_q_by_row != 0 && p->rotary_q_by_row != 1)
+        return fa3c_error(BAD, "rotary_q_by_row: must be 0 or 1 (got %d)", p->rotary_q_by_row);
+    const int es = dtype_size(p->dtype);
+    fa3c_status s;
+    if ((s = check_host_array_ptr("rotary_cos", p->rotary_cos, es)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("rotary_sin", p->rotary_sin, es)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("rotary_seqlens", p->rotary_seqlens, 4)) != FA3C_STATUS_OK)
+        return s;
+    if (!p->q.data && p->q_out.data) return fa3c_error(BAD, "q.data: is NULL while q_out is given");
+    if (p->q.data) {
+        if (p->seqlen_q < 1 || p->seqlen_q > FA3C_MAX_SEQLEN)
+            return fa3c_error(BAD, "seqlen_q: must be in [1, FA3C_MAX_SEQLEN] with q (got %d)", p->seqlen_q);
+        if (p->heads_q < 1) return fa3c_error(BAD, "heads_q: must be >= 1 with q (got %d)", p->heads_q);
+    }
+    return FA3C_STATUS_OK;
+}
+
 static fa3c_status check_append_scalars(const fa3c_append_params *p) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     if ((int)p->dtype < FA3C_DTYPE_FP32 || (int)p->dtype > FA3C_DTYPE_E4M3)
@@ -781,8 +826,11 @@ static fa3c_status check_append_scalars(const fa3c_append_params *p) {
                           p->seqlen_cache);
     }
     if (!p->cache_seqlens) return fa3c_error(BAD, "cache_seqlens: is NULL (each sequence's filled length is needed)");
-    if ((s = check_host_array_ptr("cache_seqlens", p->cache_seqlens, 4)) != FA3C_STATUS_OK) return s;
-    return check_host_array_ptr("page_table", p->page_table, 4);
+    if ((s = check_host_array_ptr("cache_seqlens", p->cache_seqlens, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("page_table", p->page_table, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("cu_seqlens_new", p->cu_seqlens_new, 4)) != FA3C_STATUS_OK)
+        return s;
+    return check_append_rotary(p);
 }
 
 /* Rows of the cache each sequence has room for. */
@@ -790,91 +838,164 @@ static int64_t append_capacity(const fa3c_append_params *p) {
     return p->page_table ? p->page_table_stride * p->page_size : p->seqlen_cache;
 }
 
-/* Every position a sequence's new tokens go to lies in the cache, and every
- * page they write is in range: read on the host (CPU backends, or the copies
- * of fa3c_append_kv_check_device). */
-static fa3c_status check_append_lengths(const fa3c_append_params *p, const int32_t *lens, const int32_t *table) {
+/* The append's metadata as host arrays (the caller's, or copies of device ones). */
+typedef struct append_arrays {
+    const int32_t *lens, *table, *cu_new, *rotary_pos;
+} append_arrays;
+
+/* Every position a sequence's new tokens go to lies in the cache, every page
+ * they write is in range, and every rotary position is a row of the tables. */
+static fa3c_status check_append_lengths(const fa3c_append_params *p, const append_arrays *a) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    fa3c_status s;
+    if (p->cu_seqlens_new && p->seqlen_new > 0 &&
+        (s = check_cu_seqlens("cu_seqlens_new", a->cu_new, p->batch, p->seqlen_new, "seqlen_new")) != FA3C_STATUS_OK)
+        return s;
     const int64_t cap = append_capacity(p);
     for (int b = 0; b < p->batch; b++) {
-        if (lens[b] < 0 || (int64_t)lens[b] + p->seqlen_new > cap)
-            return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "cache_seqlens[%d]: must be in [0, %lld - seqlen_new = %lld] "
-                              "(got %d): the new tokens must fit in the cache", b, (long long)cap,
-                              (long long)(cap - p->seqlen_new), lens[b]);
-        if (!table) continue;
-        for (int64_t i = lens[b] / p->page_size; i <= ((int64_t)lens[b] + p->seqlen_new - 1) / p->page_size; i++) {
-            const int32_t page = table[(int64_t)b * p->page_table_stride + i];
-            if (page < 0 || page >= p->num_pages)
-                return fa3c_error(FA3C_STATUS_INVALID_ARGUMENT, "page_table[%d][%lld]: page %d is out of range [0, "
-                                  "num_pages = %d)", b, (long long)i, page, p->num_pages);
-        }
+        const int64_t n = p->seqlen_new == 0 ? 0 : p->cu_seqlens_new ? (int64_t)a->cu_new[b + 1] - a->cu_new[b] : p->seqlen_new;
+        if (a->lens[b] < 0 || a->lens[b] + n > cap)
+            return fa3c_error(BAD, "cache_seqlens[%d]: must be in [0, %lld - %lld new tokens = %lld] (got %d): the new "
+                              "tokens must fit in the cache", b, (long long)cap, (long long)n, (long long)(cap - n),
+                              a->lens[b]);
+        if (a->table)
+            for (int64_t i = a->lens[b] / p->page_size; n > 0 && i <= (a->lens[b] + n - 1) / p->page_size; i++) {
+                const int32_t page = a->table[(int64_t)b * p->page_table_stride + i];
+                if (page < 0 || page >= p->num_pages)
+                    return fa3c_error(BAD, "page_table[%d][%lld]: page %d is out of range [0, num_pages = %d)", b,
+                                      (long long)i, page, p->num_pages);
+            }
+        if (!p->rotary_dim) continue;
+        const int64_t pos = a->rotary_pos ? a->rotary_pos[b] : a->lens[b];
+        int64_t span = n > 0 ? n - 1 : 0;
+        if (p->q.data && p->rotary_q_by_row && p->seqlen_q - 1 > span) span = p->seqlen_q - 1;
+        if (pos < 0 || pos + span >= p->rotary_rows)
+            return fa3c_error(BAD, "%s[%d]: rotary positions %lld to %lld are outside the tables' rows [0, rotary_rows = "
+                              "%d)", a->rotary_pos ? "rotary_seqlens" : "cache_seqlens", b, (long long)pos,
+                              (long long)(pos + span), p->rotary_rows);
     }
     return FA3C_STATUS_OK;
 }
 
-/* fa3c_append_kv_check_device: cache_seqlens and the page table on the host. */
+/* fa3c_append_kv_check_device: the device-resident arrays copied to the host and checked. */
 static fa3c_status check_append_device_arrays(const fa3c_append_params *p, void *stream) {
-    const int64_t table = p->page_table ? (int64_t)p->batch * p->page_table_stride : 0;
-    int32_t *lens = (int32_t *)malloc((size_t)p->batch * 4), *tab = table ? (int32_t *)malloc((size_t)table * 4) : NULL;
+    const int32_t *dev[4] = {p->cache_seqlens, p->page_table, p->cu_seqlens_new, p->rotary_seqlens};
+    const int64_t count[4] = {p->batch, p->page_table ? (int64_t)p->batch * p->page_table_stride : 0, p->batch + 1,
+                              p->batch};
+    int32_t *host[4] = {NULL, NULL, NULL, NULL};
     fa3c_status s = FA3C_STATUS_OK;
-    if (!lens || (table && !tab)) s = fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "checking device metadata: no host memory");
-    if (s == FA3C_STATUS_OK) s = fa3c_cuda_copy_to_host(lens, p->cache_seqlens, (size_t)p->batch * 4, stream);
-    if (s == FA3C_STATUS_OK && tab) s = fa3c_cuda_copy_to_host(tab, p->page_table, (size_t)table * 4, stream);
-    if (s == FA3C_STATUS_OK) s = check_append_lengths(p, lens, tab);
-    free(lens);
-    free(tab);
+    for (int i = 0; i < 4 && s == FA3C_STATUS_OK; i++) {
+        if (!dev[i]) continue;
+        host[i] = (int32_t *)malloc((size_t)count[i] * 4);
+        s = host[i] ? fa3c_cuda_copy_to_host(host[i], dev[i], (size_t)count[i] * 4, stream)
+                    : fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "checking device metadata: no host memory");
+    }
+    if (s == FA3C_STATUS_OK) {
+        const append_arrays a = {host[0], host[1], host[2], host[3]};
+        s = check_append_lengths(p, &a);
+    }
+    for (int i = 0; i < 4; i++) free(host[i]);
     return s;
 }
 
 /* Validates p (the tensors as the attention calls check theirs) and resolves
- * *backend. The caches (written) must not overlap the new tokens or the
- * metadata, by byte range; the two caches may interleave in one buffer, so
- * they are told apart by their start only. */
+ * *backend. The outputs (the caches, q_out) must not overlap anything else
+ * they are not, by byte range; the two caches may interleave in one buffer,
+ * so they are told apart by their start only, and q_out may be q exactly. */
 static fa3c_status prepare_append(const fa3c_append_params *p, fa3c_backend *backend, int check_device, void *stream) {
     const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
     if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
     fa3c_status s = check_append_scalars(p);
     if (s != FA3C_STATUS_OK) return s;
     *backend = p->backend;
-    if (p->batch == 0 || p->seqlen_new == 0) return FA3C_STATUS_OK;   /* nothing to write, nothing touched */
+    const int writes_kv = p->seqlen_new > 0, has_q = p->q.data != NULL;
+    if (p->batch == 0 || (!writes_kv && !has_q)) return FA3C_STATUS_OK;   /* nothing to write, nothing touched */
 
     const int es = dtype_size(p->dtype), dv = p->headdim_v ? p->headdim_v : p->headdim;
     const int64_t outer = p->page_table ? p->num_pages : p->batch, rows = p->page_table ? p->page_size : p->seqlen_cache;
-    const tensor_arg ts[4] = {
+    /* Packed new tokens: one token axis, bounded by batch x seqlen_new until cu_seqlens_new is read. */
+    const int64_t new_outer = p->cu_seqlens_new ? 1 : p->batch;
+    int64_t new_rows = p->cu_seqlens_new ? (int64_t)p->batch * p->seqlen_new : p->seqlen_new;
+    enum { K_NEW, V_NEW, K_CACHE, V_CACHE, Q, Q_OUT, LENS, TABLE, CU_NEW, COS, SIN, ROT_POS, NARGS };
+    const tensor_arg ts[6] = {
         {"k_new", &p->k_new, ROWS_Q, p->heads_kv, es, 0, p->headdim},
         {"v_new", &p->v_new, ROWS_Q, p->heads_kv, es, 0, dv},
         {"k_cache", &p->k_cache, ROWS_K, p->heads_kv, es, 1, p->headdim},
         {"v_cache", &p->v_cache, ROWS_K, p->heads_kv, es, 1, dv},
+        {"q", &p->q, ROWS_Q, p->heads_q, es, 0, p->headdim},
+        {"q_out", &p->q_out, ROWS_Q, p->heads_q, es, 1, p->headdim},
     };
-    uintptr_t lo[6], hi[6];   /* bytes [lo, hi) of the tensors, then cache_seqlens and the page table */
-    for (int i = 0; i < 4; i++) {
-        const int64_t n[4] = {i < 2 ? p->batch : outer, i < 2 ? p->seqlen_new : rows, ts[i].heads, ts[i].dim};
-        const int64_t *st = ts[i].t->stride;
+    int64_t n[6][4];
+    for (int i = 0; i < 6; i++) {
+        const int64_t dims[3][2] = {{new_outer, new_rows}, {outer, rows}, {p->batch, p->seqlen_q}};
+        n[i][0] = dims[i / 2][0], n[i][1] = dims[i / 2][1], n[i][2] = ts[i].heads, n[i][3] = ts[i].dim;
+        if (i < Q ? !writes_kv : !has_q) continue;
         if ((s = check_tensor_form(&ts[i])) != FA3C_STATUS_OK ||
-            (s = check_extent(ts[i].name, ts[i].t->data, es, n, st)) != FA3C_STATUS_OK ||
-            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n, st)) != FA3C_STATUS_OK))
+            (s = check_extent(ts[i].name, ts[i].t->data, es, n[i], ts[i].t->stride)) != FA3C_STATUS_OK ||
+            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n[i], ts[i].t->stride)) != FA3C_STATUS_OK))
             return s;
-        int64_t last = 0;   /* cannot overflow: check_extent passed */
-        for (int d = 0; d < 4; d++) last += (n[d] - 1) * st[d];
-        lo[i] = (uintptr_t)ts[i].t->data;
-        hi[i] = lo[i] + (uintptr_t)((last + 1) * es);
     }
-    lo[4] = (uintptr_t)p->cache_seqlens, hi[4] = lo[4] + (uintptr_t)p->batch * 4;
-    lo[5] = (uintptr_t)p->page_table;
-    hi[5] = lo[5] + (uintptr_t)(p->page_table ? (int64_t)p->batch * p->page_table_stride * 4 : 0);
+    const int64_t rot_stride = p->rotary_stride ? p->rotary_stride : p->rotary_dim / 2;
+    const int64_t table_n[4] = {p->rotary_rows, p->rotary_dim / 2, 1, 1}, table_s[4] = {rot_stride, 1, 0, 0};
+    if (p->rotary_dim && ((s = check_extent("rotary_cos", p->rotary_cos, es, table_n, table_s)) != FA3C_STATUS_OK ||
+                          (s = check_extent("rotary_sin", p->rotary_sin, es, table_n, table_s)) != FA3C_STATUS_OK))
+        return s;
 
+    const char *names[NARGS] = {"k_new", "v_new", "k_cache", "v_cache", "q", "q_out", "cache_seqlens", "page_table",
+                                "cu_seqlens_new", "rotary_cos", "rotary_sin", "rotary_seqlens"};
+    const void *ptr[NARGS] = {writes_kv ? p->k_new.data : NULL, writes_kv ? p->v_new.data : NULL,
+                              writes_kv ? p->k_cache.data : NULL, writes_kv ? p->v_cache.data : NULL,
+                              p->q.data, p->q_out.data, p->cache_seqlens, p->page_table,
+                              writes_kv ? p->cu_seqlens_new : NULL, p->rotary_cos, p->rotary_sin, p->rotary_seqlens};
     int usable;
-    if ((s = pick_backend(p->backend, p->k_cache.data, backend, &usable)) != FA3C_STATUS_OK) return s;
-    const char *names[6] = {"k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "page_table"};
-    for (int i = 0; i < 6 && usable; i++)
-        if (lo[i] && (s = check_memory_kind(names[i], (const void *)lo[i], *backend)) != FA3C_STATUS_OK) return s;
-    for (int o = 2; o < 4; o++)
-        for (int i = 0; i < 6; i++)
-            if (i != o && (i < 2 || i > 3) && lo[i] < hi[o] && lo[o] < hi[i])
-                return fa3c_error(BAD, "%s: overlaps %s (the cache is written)", names[o], names[i]);
-    if (lo[2] == lo[3]) return fa3c_error(BAD, "v_cache: starts where k_cache does");
+    if ((s = pick_backend(p->backend, writes_kv ? p->k_cache.data : p->q.data, backend, &usable)) != FA3C_STATUS_OK)
+        return s;
+    for (int i = 0; i < NARGS && usable; i++)
+        if (ptr[i] && (s = check_memory_kind(names[i], ptr[i], *backend)) != FA3C_STATUS_OK) return s;
+    if (*backend != FA3C_BACKEND_CUDA) {
+        const append_arrays a = {p->cache_seqlens, p->page_table, p->cu_seqlens_new, p->rotary_seqlens};
+        if ((s = check_append_lengths(p, &a)) != FA3C_STATUS_OK) return s;
+        if (p->cu_seqlens_new && writes_kv) new_rows = p->cu_seqlens_new[p->batch];   /* the exact extent */
+    } else if (check_device && (s = check_append_device_arrays(p, stream)) != FA3C_STATUS_OK) {
+        return s;
+    }
 
-    if (*backend != FA3C_BACKEND_CUDA) return check_append_lengths(p, p->cache_seqlens, p->page_table);
-    return check_device ? check_append_device_arrays(p, stream) : FA3C_STATUS_OK;
+    /* Byte ranges [lo, hi), for the overlap rules. */
+    uintptr_t lo[NARGS], hi[NARGS];
+    for (int i = 0; i < NARGS; i++) {
+        lo[i] = hi[i] = (uintptr_t)ptr[i];
+        if (!lo[i]) continue;   /* not part of this call: its sizes were not checked */
+        int64_t last = 0, bytes = 0;   /* cannot overflow: the extents were checked */
+        if (i < LENS) {
+            if (i < K_CACHE) n[i][1] = new_rows;
+            int empty = 0;
+            for (int d = 0; d < 4; d++) {
+                empty |= n[i][d] == 0;
+                last += (n[i][d] > 0 ? n[i][d] - 1 : 0) * ts[i].t->stride[d];
+            }
+            bytes = empty ? 0 : (last + 1) * es;   /* packed new tokens may number 0 */
+        } else if (i == COS || i == SIN) {
+            bytes = (((int64_t)p->rotary_rows - 1) * rot_stride + p->rotary_dim / 2) * es;
+        } else {
+            bytes = 4 * (i == TABLE ? (int64_t)p->batch * p->page_table_stride : i == CU_NEW ? p->batch + 1 : p->batch);
+        }
+        hi[i] = lo[i] + (uintptr_t)bytes;
+    }
+    const int in_place = has_q && p->q.data == p->q_out.data && !memcmp(p->q.stride, p->q_out.stride, sizeof p->q.stride);
+    const int outputs[3] = {K_CACHE, V_CACHE, Q_OUT};
+    for (int k = 0; k < 3; k++) {
+        const int o = outputs[k];
+        for (int i = 0; i < NARGS && lo[o]; i++) {
+            if (i == o || !lo[i] || (o != Q_OUT && (i == K_CACHE || i == V_CACHE)) || (o == Q_OUT && i == Q && in_place))
+                continue;
+            if (lo[i] < hi[o] && lo[o] < hi[i])
+                return fa3c_error(BAD, "%s: overlaps %s (%s)", names[o], names[i],
+                                  o == Q_OUT && i == Q ? "rotating in place needs q_out to be q, with the same strides"
+                                                       : "it is written");
+        }
+    }
+    if (writes_kv && lo[K_CACHE] == lo[V_CACHE]) return fa3c_error(BAD, "v_cache: starts where k_cache does");
+    return FA3C_STATUS_OK;
 }
 
 fa3c_status fa3c_append_kv_check(const fa3c_append_params *p) {
@@ -890,7 +1011,7 @@ fa3c_status fa3c_append_kv_check_device(const fa3c_append_params *p, void *strea
 fa3c_status fa3c_append_kv(const fa3c_append_params *p, void *stream) {
     fa3c_backend backend;
     fa3c_status s = prepare_append(p, &backend, 0, NULL);
-    if (s != FA3C_STATUS_OK || p->batch == 0 || p->seqlen_new == 0) return checked(s);
+    if (s != FA3C_STATUS_OK || p->batch == 0 || (p->seqlen_new == 0 && !p->q.data)) return checked(s);
     fa3c_clear_error();
     return checked(backend == FA3C_BACKEND_CUDA ? fa3c_cuda_append_kv(p, stream) : fa3c_cpu_append_kv(p));
 }

@@ -339,11 +339,17 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
                 context="fa3c backward", check_fn=L.fa3c_bwd_check, check_device_fn=L.fa3c_bwd_check_device)
 
 
-def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, backend="auto"):
+def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, backend="auto", *,
+                   cu_seqlens_new=None, rotary_cos=None, rotary_sin=None, rotary_seqlens=None,
+                   rotary_interleaved=True, q=None, q_by_row=False):
     """fa3c_append_kv: k, v (batch, seqlen_new, heads_kv, headdim / headdim_v) written in
     place into the caches at cache_seqlens ((batch,) integers): (batch, seqlen_cache,
     heads_kv, .) caches, or with page_table ((batch, max_pages) integers) (num_pages,
-    page_size, heads_kv, .) ones. The library checks the rest (docs/API.md)."""
+    page_size, heads_kv, .) ones. With cu_seqlens_new ((batch + 1,) integers) k, v are
+    packed, (total, heads_kv, .). With rotary_cos / rotary_sin ((rows, rotary_dim / 2), the
+    caches' dtype) the new keys are rotated as they are written, and q (batch, seqlen_q,
+    heads_q, headdim), if given, into a new array: the call's outputs are then (k_cache,
+    v_cache, q_rotated). The library checks the rest (docs/API.md)."""
     caches = []
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if hasattr(ops, "check_writable"):
@@ -354,16 +360,24 @@ def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, 
                       "dimension (a copy would be written instead)" % name)
         caches.append(pc)
     k, v = ops.prepare(k), ops.prepare(v)
+    packed = cu_seqlens_new is not None
     for name, x in (("v", v), ("k_cache", caches[0]), ("v_cache", caches[1])):
         if ops.dtype_code(x) != ops.dtype_code(k):
             raise bad("k, v and the caches must have one dtype (k is %s, %s is %s)"
                       % (ops.dtype_name(k), name, ops.dtype_name(x)))
-    for name, x in (("k", k), ("v", v), ("k_cache", caches[0]), ("v_cache", caches[1])):
-        if len(ops.shape(x)) != 4:
-            raise bad("%s must be 4-D (got shape %s)" % (name, tuple(ops.shape(x))))
-    batch, new, heads_kv, d = ops.shape(k)
+    for name, x, rank in (("k", k, 3 if packed else 4), ("v", v, 3 if packed else 4),
+                          ("k_cache", caches[0], 4), ("v_cache", caches[1], 4)):
+        if len(ops.shape(x)) != rank:
+            raise bad("%s must be %d-D%s (got shape %s)" % (name, rank, " with cu_seqlens_k_new" if packed and
+                                                            rank == 3 else "", tuple(ops.shape(x))))
+    cu = ops.int32(cu_seqlens_new, k)
     lens = ops.int32(cache_seqlens, k)
     pt = ops.int32(page_table, k)
+    if packed:
+        total, heads_kv, d = ops.shape(k)
+        batch, new = ops.shape(cu)[0] - 1, total   # total bounds each sequence's count: no read of cu
+    else:
+        batch, new, heads_kv, d = ops.shape(k)
     if ops.shape(lens) != (batch,):
         raise bad("cache_seqlens must have shape (batch,) = (%d,) (got %s)" % (batch, tuple(ops.shape(lens))))
     p = _lib.AppendParams()
@@ -371,11 +385,13 @@ def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, 
     L.fa3c_append_params_init(ctypes.byref(p))
     p.dtype = ops.dtype_code(k)
     p.batch, p.seqlen_new, p.heads_kv, p.headdim = batch, new, heads_kv, d
-    dv = ops.shape(v)[3]
+    dv = ops.shape(v)[-1]
     p.headdim_v = 0 if dv == d else dv
-    p.k_new, p.v_new = _tensor(ops, k, False), _tensor(ops, v, False)
+    p.k_new, p.v_new = _tensor(ops, k, packed), _tensor(ops, v, packed)
     p.k_cache, p.v_cache = _tensor(ops, caches[0], False), _tensor(ops, caches[1], False)
     p.cache_seqlens = ops.ptr(lens)
+    if cu is not None:
+        p.cu_seqlens_new = ops.ptr(cu)
     if pt is not None:
         p.page_table = ops.ptr(pt)
         p.page_table_stride = int(ops.strides(pt)[0])
@@ -383,7 +399,41 @@ def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, 
     else:
         p.seqlen_cache = ops.shape(caches[0])[1]
     p.backend = backend_code(backend)
-    return Call(L.fa3c_append_kv, p, (k_cache, v_cache), (k, v, lens, pt, caches), context="fa3c append")
+    outputs, keep = (k_cache, v_cache), [k, v, lens, pt, cu, caches]
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise bad("give both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        tables = []
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            t = ops.prepare(t)
+            if len(ops.shape(t)) != 2 or ops.dtype_code(t) != ops.dtype_code(k):
+                raise bad("%s must be 2-D (rows, rotary_dim / 2) of the cache's dtype %s (got shape %s, %s)"
+                          % (name, ops.dtype_name(k), tuple(ops.shape(t)), ops.dtype_name(t)))
+            tables.append(t)
+        if ops.shape(tables[0]) != ops.shape(tables[1]) or ops.strides(tables[0])[0] != ops.strides(tables[1])[0]:
+            raise bad("rotary_cos and rotary_sin must have one shape and row stride (got %s and %s)"
+                      % (tuple(ops.shape(tables[0])), tuple(ops.shape(tables[1]))))
+        p.rotary_cos, p.rotary_sin = ops.ptr(tables[0]), ops.ptr(tables[1])
+        p.rotary_rows, p.rotary_dim = ops.shape(tables[0])[0], 2 * ops.shape(tables[0])[1]
+        p.rotary_stride = int(ops.strides(tables[0])[0])
+        p.rotary_interleaved = int(bool(rotary_interleaved))
+        rs = ops.int32(rotary_seqlens, k)
+        if rs is not None:
+            p.rotary_seqlens = ops.ptr(rs)
+        keep += [tables, rs]
+        if q is not None:
+            q = ops.prepare(q)
+            if len(ops.shape(q)) != 4 or ops.dtype_code(q) != ops.dtype_code(k):
+                raise bad("q must be 4-D (batch, seqlen_q, heads, headdim) of the cache's dtype to be rotated "
+                          "(got shape %s, %s)" % (tuple(ops.shape(q)), ops.dtype_name(q)))
+            q_out = ops.empty(ops.shape(q), ops.dtype_code(q), q)
+            p.q, p.q_out = _tensor(ops, q, False), _tensor(ops, q_out, False)
+            p.seqlen_q, p.heads_q = ops.shape(q)[1], ops.shape(q)[2]
+            p.rotary_q_by_row = int(bool(q_by_row))
+            outputs += (q_out,)
+            keep += [q, q_out]
+    return Call(L.fa3c_append_kv, p, outputs, keep, context="fa3c append",
+                check_fn=L.fa3c_append_kv_check, check_device_fn=L.fa3c_append_kv_check_device)
 
 
 def backend_code(backend):

@@ -108,6 +108,18 @@ class AppendParams(ctypes.Structure):
         ("page_size", ctypes.c_int),
         ("num_pages", ctypes.c_int),
         ("backend", ctypes.c_int),
+        ("cu_seqlens_new", ctypes.c_void_p),
+        ("rotary_cos", ctypes.c_void_p),
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_dim", ctypes.c_int),
+        ("rotary_rows", ctypes.c_int),
+        ("rotary_stride", ctypes.c_int64),
+        ("rotary_interleaved", ctypes.c_int),
+        ("rotary_seqlens", ctypes.c_void_p),
+        ("q", Tensor), ("q_out", Tensor),
+        ("seqlen_q", ctypes.c_int),
+        ("heads_q", ctypes.c_int),
+        ("rotary_q_by_row", ctypes.c_int),
     ]
 
 
@@ -193,6 +205,8 @@ def _declare(lib):
         "fa3c_fwd_check_device": (ctypes.c_int, [fwd_p, ctypes.c_void_p]),
         "fa3c_append_params_init": (None, [ctypes.POINTER(AppendParams)]),
         "fa3c_append_kv": (ctypes.c_int, [ctypes.POINTER(AppendParams), ctypes.c_void_p]),
+        "fa3c_append_kv_check": (ctypes.c_int, [ctypes.POINTER(AppendParams)]),
+        "fa3c_append_kv_check_device": (ctypes.c_int, [ctypes.POINTER(AppendParams), ctypes.c_void_p]),
         "fa3c_bwd_check_device": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
         "fa3c_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "fa3c_last_error": (ctypes.c_char_p, []),

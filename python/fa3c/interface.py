@@ -142,46 +142,6 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                            return_attn_probs=return_attn_probs)
 
 
-def _check_cache_room(k_cache, n, lens, pages):
-    """Raise unless every sequence's new n tokens fit behind its cache_seqlens."""
-    for b, start in enumerate(lens):
-        room = k_cache.shape[1] if pages is None else len(pages[b]) * k_cache.shape[1]
-        if start + n > room:
-            raise _core.bad("%skv cache too small: sequence %d needs %d slots, has %d"
-                            % ("paged " if pages is not None else "", b, start + n, room))
-
-
-def _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table):
-    """Write the new keys/values into the cache at cache_seqlens (in place), as FA3 does;
-    nothing is written if anything does not fit. In CPU memory through the library's
-    fa3c_append_kv. On a GPU, for now, a per-sequence host loop (a device sync): the
-    library's append kernel has not run on a GPU yet (docs/API.md, "KV cache appends")."""
-    on_gpu = k_cache.is_cuda if _is_torch(k_cache) else _arrays.ArrayOps(k_cache).cuda
-    if not on_gpu:
-        ops, stream, guard, backend, finish = _launch(k_cache)
-        with guard:
-            call = _core.prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table, backend=backend)
-            call.finish = finish
-            call.run(stream)
-        return
-    lens = [int(x) for x in (cache_seqlens.tolist() if hasattr(cache_seqlens, "tolist")
-                             else cache_seqlens)]
-    pages = page_table.tolist() if page_table is not None else None
-    n = k.shape[1]
-    _check_cache_room(k_cache, n, lens, pages)
-    for b, start in enumerate(lens):
-        if pages is None:
-            k_cache[b, start:start + n] = k[b]
-            v_cache[b, start:start + n] = v[b]
-        else:
-            ps = k_cache.shape[1]
-            for t in range(n):
-                pos = start + t
-                pg, off = pages[b][pos // ps], pos % ps
-                k_cache[pg, off] = k[b, t]
-                v_cache[pg, off] = v[b, t]
-
-
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, page_table=None, cu_seqlens_q=None,
@@ -197,23 +157,39 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     sums) the sequences' queries packed, (total_q, heads, headdim), as SGLang calls it;
     each sequence's queries are the last ones of its cache_seqlens keys (causal masks are
     bottom-right aligned per sequence). If k, v (batch, seqlen_new, heads_kv, headdim) are
-    given they are first written into the cache at cache_seqlens, in place;
-    cu_seqlens_k_new (packed new keys) is not supported, and is ignored without k, v, as
-    in FA3. scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
+    given they are first written into the cache at cache_seqlens, in place, by the library
+    (fa3c_append_kv: on the GPU for a GPU cache, no host sync); with cu_seqlens_k_new they
+    are packed, (total_new, heads_kv, headdim) (ignored without k, v, as in FA3). With
+    rotary_cos, rotary_sin ((rows, rotary_dim / 2), q's dtype) the new keys are rotated at
+    positions cache_seqlens + j (or rotary_seqlens + j) as they are written, and a rotated
+    copy of q is attended with (q at cache_seqlens + i when causal or local, else every
+    query at cache_seqlens; q itself is not changed), as in FA3; not with cu_seqlens_q.
+    cache_batch_idx ((batch,) int32) puts sequence b in row cache_batch_idx[b] of a
+    contiguous cache (run as a page table of one page per sequence); cache_leftpad is not
+    supported. scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
     and are ignored. No backward. Returns out, or with return_softmax_lse=True FA3's
     4-tuple (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse is (batch, heads,
     seqlen_q), or (heads, total_q) with cu_seqlens_q; out_accum and softmax_lse_accum are
     FA3's split-KV partials, which fa3c merges inside the call, so they are always empty
     float32 arrays, as FA3 returns them when it does not split."""
     _common_unsupported(qv, attention_chunk, sm_margin)
-    _unsupported(rotary_cos=(rotary_cos, None), rotary_sin=(rotary_sin, None),
-                 cache_batch_idx=(cache_batch_idx, None), cache_leftpad=(cache_leftpad, None),
-                 rotary_seqlens=(rotary_seqlens, None))
+    _unsupported(cache_leftpad=(cache_leftpad, None))
     if (k is None) != (v is None):
         raise _core.bad("give both k and v to append to the cache, or neither")
-    if k is not None and cu_seqlens_k_new is not None:
-        raise NotImplementedError("fa3c: appending packed new keys (cu_seqlens_k_new) is not "
-                                  "supported; give k, v as (batch, seqlen_new, heads_kv, headdim)")
+    rotary = rotary_cos is not None or rotary_sin is not None
+    if rotary and k is None:
+        raise _core.bad("rotary_cos / rotary_sin rotate the new keys and q as k, v are appended: "
+                        "give k and v with them (as FA3)")
+    if rotary and cu_seqlens_q is not None:
+        raise NotImplementedError("fa3c: rotary embedding of packed queries (cu_seqlens_q) is not "
+                                  "supported; rotate q before the call")
+    if cache_batch_idx is not None:
+        # Sequence b in row cache_batch_idx[b] of a contiguous cache: a page table of one
+        # page (the whole row) per sequence, for the append and the attention alike.
+        if page_table is not None:
+            raise _core.bad("cache_batch_idx picks rows of a contiguous cache; with page_table, "
+                            "the table says where each sequence lives")
+        page_table = cache_batch_idx.reshape(-1, 1)
     torch_path = _is_torch(q)
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     if cache_seqlens is not None:
@@ -225,10 +201,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             import numpy as np
             cache_seqlens = np.asarray(cache_seqlens, dtype=np.int32)
     appended_lens = cache_seqlens
+    packed_new = k is not None and cu_seqlens_k_new is not None
     if k is not None:
         if cache_seqlens is None:
             raise _core.bad("appending k, v to the cache needs cache_seqlens")
-        appended_lens = cache_seqlens + k.shape[1]
+        if packed_new:
+            if _is_torch(cu_seqlens_k_new) or _arrays.is_array(cu_seqlens_k_new):
+                counts = cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1]
+            else:
+                counts = [b - a for a, b in zip(cu_seqlens_k_new[:-1], cu_seqlens_k_new[1:])]
+            appended_lens = cache_seqlens + (counts.to(cache_seqlens.dtype) if torch_path else counts)
+        else:
+            appended_lens = cache_seqlens + k.shape[1]
     kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
@@ -236,11 +220,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         kw.update(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
     if k is not None:
         # The C API writes nothing on error; keep that promise for the cache too: check
-        # the whole call (as the backend it will run on) before appending in place.
-        ops, _, guard, backend, _ = _launch(q)
+        # the whole call (as the backend it will run on) before appending in place. The
+        # append runs on the GPU where the cache lives (fa3c_append_kv): no host sync.
+        ops, stream, guard, backend, finish = _launch(q)
         with guard:
             _core.prepare_forward(ops, q, k_cache, v_cache, backend=backend, **kw).check()
-        _append_to_cache(k_cache, v_cache, k, v, cache_seqlens, page_table)
+            call = _core.prepare_append(
+                ops, k_cache, v_cache, k, v, cache_seqlens, page_table, backend=backend,
+                cu_seqlens_new=cu_seqlens_k_new if packed_new else None, rotary_cos=rotary_cos,
+                rotary_sin=rotary_sin, rotary_seqlens=rotary_seqlens,
+                rotary_interleaved=rotary_interleaved, q=q if rotary else None,
+                q_by_row=bool(causal) or tuple(window_size) != (-1, -1))
+            call.finish = finish
+            outs = call.run(stream)
+        if rotary:
+            q = outs[2]
     if torch_path:
         out, lse = _torch().attention(q, k_cache, v_cache, **kw)
     else:
@@ -376,3 +370,24 @@ def prepare_backward(dout, q, k, v, out, lse, *, backend=None, **kw):
     call.stream, call.finish = stream, finish
     call.guard = None if _is_torch(q) else ops.guard
     return call
+
+
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, *, page_table=None, cu_seqlens_new=None,
+              rotary_cos=None, rotary_sin=None, rotary_seqlens=None, rotary_interleaved=True,
+              q=None, q_by_row=False, backend=None):
+    """One fa3c_append_kv call (docs/API.md, "KV cache appends"): k, v written in place into
+    the caches at cache_seqlens (which is not changed), contiguous or through page_table; k, v
+    packed as (total, heads_kv, .) with cu_seqlens_new; with rotary_cos / rotary_sin the new
+    keys rotated as they are written. Returns q rotated into a new array when q is given
+    (query i at cache_seqlens + i with q_by_row, else every query at cache_seqlens; or at
+    rotary_seqlens), else None. On a GPU nothing is read back to the host."""
+    ops, stream, guard, backend, finish = _launch(k_cache, backend)
+    with guard:
+        call = _core.prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                    backend=backend, cu_seqlens_new=cu_seqlens_new,
+                                    rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                                    rotary_seqlens=rotary_seqlens,
+                                    rotary_interleaved=rotary_interleaved, q=q, q_by_row=q_by_row)
+        call.finish = finish
+        outs = call.run(stream)
+    return outs[2] if len(outs) > 2 else None

@@ -4,7 +4,9 @@
 // and rows of 24 bytes (element by element), headdim_v of its own. Then device
 // metadata that breaks the contract: a length past the cache and a page entry
 // past the pages must write nothing for those tokens, and
-// fa3c_append_kv_check_device must name them.
+// fa3c_append_kv_check_device must name them. And the optional parts (rotary
+// embedding of the new keys and of q, packed new tokens) against the CPU
+// backend, whose rotation tests/test_append_rotary.c checks in float64.
 #include "gpu_util.cuh"
 #include "backend.h"
 
@@ -113,6 +115,110 @@ TEST(append_hostile_metadata) {
     run_case("a page entry past the pages", 64, 64, 1, lens, table);
     table[2 * 8 + 7] = -5;
     run_case("a negative page entry", 64, 64, 1, lens, table);
+}
+
+// ---- the optional parts: the same call on both backends -----------------------
+
+enum { RB = 3, RNEW = 4, RH = 2, RHQ = 4, RSQ = 3, RROWS = 24, RTROWS = 40 };
+
+struct Buf { void *host, *dev; size_t bytes; };
+
+static Buf make_buf(size_t bytes, fa3c_dtype dt, int fill_normal) {
+    Buf b = {tu_alloc(bytes), NULL, bytes};
+    if (fill_normal) tu_fill_normal(b.host, dt, (int64_t)(bytes / tu_dtype_size(dt)), 1.f);
+    else tu_poison(b.host, bytes);
+    b.dev = to_device(b.host, bytes);
+    return b;
+}
+
+// Outputs of the two backends: bit for bit where copied, within one unit of
+// the dtype's last place where rotated (the GPU may fuse a multiply-add).
+static int close_enough(const void *cpu, const void *gpu, size_t bytes, fa3c_dtype dt, int *worst_index) {
+    const size_t es = tu_dtype_size(dt);
+    const double ulp = dt == FA3C_DTYPE_FP32 ? 0x1p-22 : dt == FA3C_DTYPE_BF16 ? 0x1p-7 : 0x1p-10;
+    for (size_t i = 0; i < bytes / es; i++) {
+        const double a = tu_load(cpu, dt, (int64_t)i), b = tu_load(gpu, dt, (int64_t)i);
+        if (!(a == b || fabs(a - b) <= ulp * fabs(a))) {
+            *worst_index = (int)i;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void rotary_case(const char *what, fa3c_dtype dt, int d, int rotary_dim, int interleaved, int by_row,
+                        int packed, int paged, int in_place) {
+    const size_t es = tu_dtype_size(dt), row = (size_t)RH * d * es;
+    Buf kn = make_buf(RB * RNEW * row, dt, 1), vn = make_buf(RB * RNEW * row, dt, 1);
+    Buf kc = make_buf(RB * RROWS * row, dt, 1), vc = make_buf(RB * RROWS * row, dt, 1);
+    Buf q = make_buf((size_t)RB * RSQ * RHQ * d * es, dt, 1), qo = make_buf(q.bytes, dt, 0);
+    const int half = rotary_dim / 2;
+    Buf cs = make_buf((size_t)RTROWS * half * es, dt, 0), sn = make_buf(cs.bytes, dt, 0);
+    for (int t = 0; t < RTROWS; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = t * pow(10000.0, -(double)i / half);
+            tu_store(cs.host, dt, (int64_t)t * half + i, (float)cos(a));
+            tu_store(sn.host, dt, (int64_t)t * half + i, (float)sin(a));
+        }
+    CUDA_OK(cudaMemcpy(cs.dev, cs.host, cs.bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(sn.dev, sn.host, sn.bytes, cudaMemcpyHostToDevice));
+    int32_t lens[RB] = {0, 9, 20}, cu[RB + 1] = {0, 3, 3, 7}, table[RB * 6];
+    for (int i = 0; i < RB * 6; i++) table[i] = RB * 6 - 1 - i;
+    int32_t *dlens = (int32_t *)to_device(lens, sizeof lens), *dcu = (int32_t *)to_device(cu, sizeof cu);
+    int32_t *dtable = (int32_t *)to_device(table, sizeof table);
+
+    fa3c_append_params p;
+    fa3c_append_params_init(&p);
+    p.dtype = dt, p.batch = RB, p.seqlen_new = RNEW, p.heads_kv = RH, p.headdim = d;
+    p.k_new = tu_tensor(kn.host, packed ? 1 : RB, packed ? RB * RNEW : RNEW, RH, d);
+    p.v_new = tu_tensor(vn.host, packed ? 1 : RB, packed ? RB * RNEW : RNEW, RH, d);
+    p.k_cache = paged ? tu_tensor(kc.host, RB * 6, 4, RH, d) : tu_tensor(kc.host, RB, RROWS, RH, d);
+    p.v_cache = paged ? tu_tensor(vc.host, RB * 6, 4, RH, d) : tu_tensor(vc.host, RB, RROWS, RH, d);
+    p.seqlen_cache = RROWS;
+    p.cache_seqlens = lens;
+    if (packed) p.cu_seqlens_new = cu;
+    if (paged) p.page_table = table, p.page_table_stride = 6, p.page_size = 4, p.num_pages = RB * 6;
+    if (rotary_dim) {
+        p.rotary_dim = rotary_dim, p.rotary_rows = RTROWS, p.rotary_interleaved = interleaved;
+        p.rotary_cos = cs.host, p.rotary_sin = sn.host;
+        p.q = tu_tensor(q.host, RB, RSQ, RHQ, d);
+        p.q_out = in_place ? p.q : tu_tensor(qo.host, RB, RSQ, RHQ, d);
+        p.seqlen_q = RSQ, p.heads_q = RHQ, p.rotary_q_by_row = by_row;
+    }
+    fa3c_append_params g = p;
+    g.k_new.data = kn.dev, g.v_new.data = vn.dev, g.k_cache.data = kc.dev, g.v_cache.data = vc.dev;
+    g.cache_seqlens = dlens, g.cu_seqlens_new = packed ? dcu : NULL, g.page_table = paged ? dtable : NULL;
+    if (rotary_dim) {
+        g.rotary_cos = cs.dev, g.rotary_sin = sn.dev, g.q.data = q.dev, g.q_out.data = in_place ? q.dev : qo.dev;
+    }
+    g.backend = FA3C_BACKEND_CUDA;
+    p.backend = FA3C_BACKEND_CPU;
+    CHECK(fa3c_append_kv_check_device(&g, NULL) == FA3C_STATUS_OK, "%s: check_device: %s", what, fa3c_last_error());
+    CHECK(fa3c_append_kv(&g, NULL) == FA3C_STATUS_OK, "%s: GPU: %s", what, fa3c_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(fa3c_append_kv(&p, NULL) == FA3C_STATUS_OK, "%s: CPU: %s", what, fa3c_last_error());
+    Buf *outs[3] = {&kc, &vc, in_place ? &q : &qo};
+    const char *names[3] = {"k_cache", "v_cache", "q_out"};
+    for (int o = 0; o < (rotary_dim ? 3 : 2); o++) {
+        void *back = tu_alloc(outs[o]->bytes);
+        CUDA_OK(cudaMemcpy(back, outs[o]->dev, outs[o]->bytes, cudaMemcpyDeviceToHost));
+        int where = -1;
+        CHECK(close_enough(outs[o]->host, back, outs[o]->bytes, dt, &where), "%s: %s differs from the CPU's at element %d",
+              what, names[o], where);
+        free(back);
+    }
+    Buf *all[8] = {&kn, &vn, &kc, &vc, &q, &qo, &cs, &sn};
+    for (int i = 0; i < 8; i++) cudaFree(all[i]->dev), free(all[i]->host);
+    cudaFree(dlens), cudaFree(dcu), cudaFree(dtable);
+}
+
+TEST(append_rotary_and_packed_match_the_cpu) {
+    REQUIRE_SM90();
+    rotary_case("bf16 rotary 64 of 64, interleaved, q by row", FA3C_DTYPE_BF16, 64, 64, 1, 1, 0, 0, 0);
+    rotary_case("bf16 rotary 32 of 128, NeoX, paged, q in place", FA3C_DTYPE_BF16, 128, 32, 0, 0, 0, 1, 1);
+    rotary_case("fp16 rotary 6 of 24, interleaved, packed", FA3C_DTYPE_FP16, 24, 6, 1, 1, 1, 0, 0);
+    rotary_case("fp32 rotary 16 of 16, NeoX, packed and paged", FA3C_DTYPE_FP32, 16, 16, 0, 1, 1, 1, 0);
+    rotary_case("bf16 packed, no rotary (vector path)", FA3C_DTYPE_BF16, 64, 0, 0, 0, 1, 0, 0);
 }
 
 TEST_MAIN()

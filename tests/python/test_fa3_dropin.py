@@ -100,6 +100,9 @@ class NumpyArrays:
     def int32(self, values):
         return np.asarray(values, dtype=np.int32)
 
+    def asarray(self, a):
+        return np.asarray(a)
+
     def stack(self, xs):
         return np.stack(xs)
 
@@ -123,6 +126,9 @@ class TorchArrays(NumpyArrays):
 
     def int32(self, values):
         return self.torch.tensor(np.asarray(values), dtype=self.torch.int32)
+
+    def asarray(self, a):
+        return self.torch.from_numpy(np.ascontiguousarray(a))
 
     def stack(self, xs):
         return self.torch.stack(xs)
@@ -296,6 +302,72 @@ def test_flash_attn_with_kvcache_paged_packed(fai, xp, rng):
     assert_same(lse, want_lse)
 
 
+def rotated(x, cos, sin, pos, interleaved):
+    """x (b, n, h, d) with its first rotary_dim columns rotated in float64 at table rows pos (b, n)."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    half = cos.shape[1]
+    c, s = cos[pos][:, :, None, :], sin[pos][:, :, None, :]
+    i0 = np.arange(half) * 2 if interleaved else np.arange(half)
+    i1 = i0 + 1 if interleaved else i0 + half
+    x0, x1 = x[..., i0].copy(), x[..., i1].copy()
+    x[..., i0], x[..., i1] = x0 * c - x1 * s, x0 * s + x1 * c
+    return x
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_with_kvcache_rotary(fai, xp, interleaved, causal):
+    # FA3's rotary: the new keys rotated as they are appended, at cache_seqlens + j; q at
+    # cache_seqlens + i when causal (or local), else every query at cache_seqlens
+    b, cap, hq, hkv, d, rd, n = 2, 16, 4, 2, 32, 16, 3
+    q, kc, vc = xp.randn(b, n, hq, d), xp.randn(b, cap, hkv, d), xp.randn(b, cap, hkv, d)
+    kn, vn = xp.randn(b, n, hkv, d), xp.randn(b, n, hkv, d)
+    ang = np.arange(40)[:, None] * 10000.0 ** (-np.arange(rd // 2) / (rd // 2))
+    cos_np, sin_np = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    lens_np = np.array([5, 9])
+    q0 = xp.np(q).copy()
+    out = fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=xp.asarray(cos_np),
+                                      rotary_sin=xp.asarray(sin_np), cache_seqlens=xp.int32(lens_np),
+                                      causal=causal, rotary_interleaved=interleaved)
+    pos = lens_np[:, None] + np.arange(n)[None, :]
+    want_k = rotated(xp.np(kn), cos_np, sin_np, pos, interleaved)
+    q_pos = pos if causal else np.repeat(lens_np[:, None], n, axis=1)
+    want_q = rotated(q0, cos_np, sin_np, q_pos, interleaved)
+    np.testing.assert_array_equal(xp.np(q), q0)   # q itself is not changed
+    kc_np, vc_np = xp.np(kc), xp.np(vc)
+    for i, ln in enumerate(lens_np):
+        np.testing.assert_allclose(kc_np[i, ln:ln + n], want_k[i], atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(vc_np[i, ln:ln + n], xp.np(vn)[i])
+        assert_close(out[i:i + 1], ref.fwd(want_q[i:i + 1], kc_np[i:i + 1, :ln + n], vc_np[i:i + 1, :ln + n],
+                                           None, causal)[0], atol=2e-5)
+
+
+def test_flash_attn_with_kvcache_batch_idx_and_packed_new_keys(fai, xp):
+    # cache_batch_idx: sequence b in cache row idx[b]; cu_seqlens_k_new: k, v packed
+    cap, hq, hkv, d = 12, 4, 2, 32
+    kc, vc = xp.randn(3, cap, hkv, d), xp.randn(3, cap, hkv, d)
+    q = xp.randn(2, 1, hq, d)
+    kn, vn = xp.randn(3, hkv, d), xp.randn(3, hkv, d)
+    idx, lens, cu = [2, 0], [4, 7], [0, 1, 3]
+    kc0 = xp.np(kc).copy()
+    out = fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=xp.int32(lens), cache_batch_idx=xp.int32(idx),
+                                      cu_seqlens_k_new=xp.int32(cu), causal=True)
+    kc_np, vc_np = xp.np(kc), xp.np(vc)
+    np.testing.assert_array_equal(kc_np[2, 4:5], xp.np(kn)[0:1])
+    np.testing.assert_array_equal(kc_np[0, 7:9], xp.np(kn)[1:3])
+    np.testing.assert_array_equal(vc_np[0, 7:9], xp.np(vn)[1:3])
+    np.testing.assert_array_equal(kc_np[1], kc0[1])   # the row no sequence uses
+    for i in range(2):
+        n = lens[i] + cu[i + 1] - cu[i]
+        assert_close(out[i:i + 1], ref.fwd(xp.np(q)[i:i + 1], kc_np[idx[i]:idx[i] + 1, :n],
+                                           vc_np[idx[i]:idx[i] + 1, :n], None, True)[0])
+    with pytest.raises(fa3c.Fa3cError, match="cache_batch_idx"):
+        fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=xp.int32(lens), cache_batch_idx=xp.int32(idx),
+                                    page_table=xp.int32([[0], [1]]))
+    with pytest.raises(fa3c.Fa3cError, match="rotary"):
+        fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=xp.int32(lens), rotary_cos=q, rotary_sin=q)
+
+
 def test_flash_attn_combine(fai, xp):
     # FA3's use: attention over parts of the keys, merged by their lse
     b, sq, sk, hq, hkv, d = 2, 5, 24, 4, 2, 32
@@ -343,8 +415,7 @@ def test_unsupported_arguments_still_raise(fai, xp):
     q = xp.randn(1, 4, 2, 16)
     kc = xp.randn(1, 8, 2, 16)
     lens = xp.int32([3])
-    for kw in (dict(rotary_cos=q), dict(cache_batch_idx=lens), dict(cache_leftpad=lens), dict(qv=q),
-               dict(attention_chunk=4)):
+    for kw in (dict(cache_leftpad=lens), dict(qv=q), dict(attention_chunk=4)):
         with pytest.raises(NotImplementedError, match=list(kw)[0]):
             fai.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, **kw)
     with pytest.raises(NotImplementedError, match="attention_chunk"):

@@ -221,9 +221,21 @@ def test_kvcache_packed_queries_paged(rng, page_size):
             what = "page size %d, append %s, seq %d" % (page_size, append, i)
             assert_accurate(out[cu_q[i]:cu_q[i + 1]], want[0], want[0], 1e-5, what)
             assert_lse(lse[:, cu_q[i]:cu_q[i + 1]], want_lse[0], what + " lse")
-    with pytest.raises(NotImplementedError, match="cu_seqlens_k_new"):
-        fa3c.flash_attn_with_kvcache(q, kp, vp, k=knew, v=vnew, cache_seqlens=lens, page_table=page_table,
-                                     cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_q)
+    # new keys packed too (cu_seqlens_k_new: 2, 0 and 1 of them), over the rows appended above
+    cu_k = np.array([0, 2, 2, 3], dtype=np.int32)
+    kpk, vpk = randn(rng, (3, hkv, d), np.float32), randn(rng, (3, hkv, d), np.float32)
+    start = lens
+    out = fa3c.flash_attn_with_kvcache(q, kp, vp, k=kpk, v=vpk, cache_seqlens=start, page_table=page_table,
+                                       cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), cu_seqlens_k_new=cu_k,
+                                       causal=True)
+    for i in range(b):
+        used = start[i] + cu_k[i + 1] - cu_k[i]
+        kseq = np.concatenate([kp[p] for p in page_table[i]])[:used]
+        vseq = np.concatenate([vp[p] for p in page_table[i]])[:used]
+        np.testing.assert_array_equal(kseq[start[i]:], kpk[cu_k[i]:cu_k[i + 1]])
+        np.testing.assert_array_equal(vseq[start[i]:], vpk[cu_k[i]:cu_k[i + 1]])
+        want, _ = ref.fwd(q[None, cu_q[i]:cu_q[i + 1]], kseq[None], vseq[None], None, True)
+        assert_accurate(out[cu_q[i]:cu_q[i + 1]], want[0], want[0], 1e-5, "packed new keys, seq %d" % i)
 
 
 def test_kvcache_append_writes_nothing_on_error(rng):
@@ -465,3 +477,31 @@ def test_prepared_call_reruns_on_updated_inputs(rng):
     dq, dk, dv = fa3c.prepare_backward(dout, q, k, v, out, lse, causal=True).run()
     for got, w in zip((dq, dk, dv), ref.bwd(q, k, v, dout, None, True)):
         assert np.max(np.abs(got - w)) < 1e-4 * max(1.0, np.max(np.abs(w)))
+
+
+def test_append_kv_rotates_q_and_keys(rng):
+    # fa3c.append_kv on its own: GPT-NeoX pairs over the first 8 of 16 columns, positions from
+    # rotary_seqlens, q at one position per sequence
+    b, hkv, hq, d, cap = 2, 1, 2, 16, 8
+    kc, vc = randn(rng, (b, cap, hkv, d), np.float32), randn(rng, (b, cap, hkv, d), np.float32)
+    kn, vn = randn(rng, (b, 2, hkv, d), np.float32), randn(rng, (b, 2, hkv, d), np.float32)
+    q = randn(rng, (b, 3, hq, d), np.float32)
+    ang = np.arange(12)[:, None] * 0.3 * (np.arange(4) + 1)
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    lens, pos = np.array([1, 5], dtype=np.int32), np.array([7, 2], dtype=np.int32)
+    q_rot = fa3c.append_kv(kc, vc, kn, vn, lens, rotary_cos=cos, rotary_sin=sin, rotary_seqlens=pos,
+                           rotary_interleaved=False, q=q)
+
+    def rot(x, p):
+        y = x.astype(np.float64).copy()
+        c, s = cos[p], sin[p]
+        y[..., :4], y[..., 4:8] = x[..., :4] * c - x[..., 4:8] * s, x[..., :4] * s + x[..., 4:8] * c
+        return y
+
+    for i in range(b):
+        for j in range(2):
+            np.testing.assert_allclose(kc[i, lens[i] + j], rot(kn[i, j], pos[i] + j), rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(vc[i, lens[i] + j], vn[i, j])
+        for r in range(3):
+            np.testing.assert_allclose(q_rot[i, r], rot(q[i, r], pos[i]), rtol=1e-6, atol=1e-6)
+    assert fa3c.append_kv(kc, vc, kn, vn, lens) is None

@@ -434,3 +434,30 @@ def test_opcheck_gpu():
     args = (q, q, q, None, None, None, None, None, None, None, 0, 0, 0.088, True, -1, -1, 0.0, 1, False)
     torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_gpu_append_kv_matches_cpu(paged):
+    # fa3c.append_kv on GPU tensors (the append kernel, rotary on k and q, packed new keys)
+    # against the same call on CPU tensors (checked in float64 by test_append_rotary.c)
+    torch.manual_seed(0)
+    b, hkv, hq, d, cap = 3, 2, 4, 128, 24
+    shape = (b * 6, 4, hkv, d) if paged else (b, cap, hkv, d)
+    kc, vc = torch.randn(shape, dtype=torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16)
+    kn, vn = torch.randn(7, hkv, d, dtype=torch.bfloat16), torch.randn(7, hkv, d, dtype=torch.bfloat16)
+    q = torch.randn(b, 2, hq, d, dtype=torch.bfloat16)
+    ang = torch.arange(40.0)[:, None] * 10000.0 ** (-torch.arange(32.0) / 32)
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    lens, cu = torch.tensor([0, 9, 20], dtype=torch.int32), torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+    table = torch.arange(b * 6, dtype=torch.int32).flip(0).reshape(b, 6) if paged else None
+    outs = []
+    for dev in ("cpu", "cuda"):
+        kc_d, vc_d = kc.clone().to(dev), vc.clone().to(dev)
+        q_rot = fa3c.append_kv(kc_d, vc_d, kn.to(dev), vn.to(dev), lens.to(dev),
+                               page_table=None if table is None else table.to(dev), cu_seqlens_new=cu.to(dev),
+                               rotary_cos=cos.to(dev), rotary_sin=sin.to(dev), q=q.to(dev), q_by_row=True)
+        outs.append([x.cpu().float() for x in (kc_d, vc_d, q_rot)])
+    for name, a, g in zip(("k_cache", "v_cache", "q rotated"), *outs):
+        torch.testing.assert_close(g, a, rtol=2 ** -7, atol=0, msg=name)
+    assert torch.equal(outs[0][1], outs[1][1])   # values are copied, bit for bit
