@@ -15,7 +15,7 @@ softmax scale, `is_causal` (else the module's is_causal) is `causal`, a
 `sliding_window` of W (keys less than W positions back) is window_size
 (W - 1, W - 1), `softcap` is softcap; GQA needs nothing (fa3c takes fewer KV
 heads); `s_aux` (gpt-oss's attention sinks, one logit per head) is fa3c's sinks
-(CPU backend for now). As in transformers' own FlashAttention path, the window comes from the
+(CPU, and CUDA in bf16/fp16). As in transformers' own FlashAttention path, the window comes from the
 call's sliding_window argument only: some models keep a module.sliding_window
 on layers that do not use it.
 

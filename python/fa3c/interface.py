@@ -75,7 +75,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     softcap > 0 applies softcap * tanh(score / softcap). pack_gqa is a tuning hint and is
     ignored. Returns out, or (out, softmax_lse) with return_attn_probs=True; softmax_lse is
     float32 (batch, heads, seqlen_q). s_aux (vLLM's name; not in FA3): attention sinks,
-    one float32 logit per query head (heads,), differentiable (CPU backend for now)."""
+    one float32 logit per query head (heads,), differentiable (CPU, and CUDA in bf16/fp16)."""
     _common_unsupported(qv, attention_chunk, sm_margin)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
@@ -319,7 +319,7 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
     "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
-    query head in every row's softmax (docs/API.md; CPU backends for now)."""
+    query head in every row's softmax (docs/API.md; CPU, and CUDA in bf16/fp16)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(

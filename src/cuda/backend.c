@@ -138,9 +138,8 @@ static const char *dtype_name(fa3c_dtype d) {
 
 fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks && !FA3C_CUDA_SINKS)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: attention sinks run on the CPU backends only so "
-                          "far (the CUDA kernels' sinks are built but off until their GPU tests have run: "
-                          "-DFA3C_CUDA_SINKS=1)");
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: this build's CUDA kernels take no attention "
+                          "sinks (built with -DFA3C_CUDA_SINKS=0); the CPU backends take them");
     if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
                           "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");

@@ -191,6 +191,12 @@ def test_torch_cpu_through_dlpack(dtype):
 def test_jax_cpu(rng):
     jax = pytest.importorskip("jax", reason="JAX is not installed (pip install jax to run this test)")
     jnp = jax.numpy
+    # a GPU machine's JAX puts new arrays on the GPU unless told otherwise
+    with jax.default_device(jax.devices("cpu")[0]):
+        jax_cpu_calls(jax, jnp, rng)
+
+
+def jax_cpu_calls(jax, jnp, rng):
     for dtype in ("float32", "bfloat16", "float8_e4m3fn"):
         q, k, v = (jnp.asarray(x).astype(getattr(jnp, dtype)) for x in qkv(rng))
         out, lse = fa3c.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)

@@ -431,9 +431,10 @@ def test_gpu_error_carries_c_message():
 @gpu
 def test_opcheck_gpu():
     q = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    args = (q, q, q, None, None, None, None, None, None, None, 0, 0, 0.088, True, -1, -1, 0.0, 1, False)
-    torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    for s in (None, torch.tensor([0.5, -1.0], device="cuda")):
+        args = (q, q, q, None, None, None, None, None, None, None, 0, 0, 0.088, True, -1, -1, 0.0, 1, False, s)
+        torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
 @gpu
