@@ -106,9 +106,8 @@ typedef struct fa3c_problem {
      * scaled (and softcapped) scores, in every row's softmax, with no value
      * row, so out = Σ_j p_j v_j with p = softmax([scores, sink]) over the
      * visible keys and the sink, and lse includes it (a row that sees no key
-     * gets out = 0 and lse = sink). CPU backends; the CUDA backend returns
-     * NOT_SUPPORTED in a default build (its kernels' sinks are built but
-     * off until their GPU tests have run: docs/API.md). */
+     * gets out = 0 and lse = sink). CPU backends, and CUDA in bf16 / fp16
+     * (not e4m3: NOT_SUPPORTED; docs/API.md). */
     const float *sinks;
     /* Head dim of v, out, dout and dv when it differs from headdim (MLA:
      * q, k 192 with v 128): 8..512, a multiple of 8; 0 = headdim. CPU
