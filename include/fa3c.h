@@ -187,7 +187,7 @@ FA3C_API const char *fa3c_version(void);
 
 /* The layout of a public struct as this library was built: with field NULL
  * the size of struct `type` ("fa3c_tensor", "fa3c_problem",
- * "fa3c_fwd_params", "fa3c_bwd_params", "fa3c_append_params"), else the byte offset of `field` in
+ * "fa3c_fwd_params", "fa3c_bwd_params", "fa3c_append_params", "fa3c_quantize_params"), else the byte offset of `field` in
  * it; -1 for a name it does not know. For bindings that mirror the structs
  * (python/fa3c checks every field and refuses a library that differs). */
 FA3C_API int64_t fa3c_struct_layout(const char *type, const char *field);
@@ -261,6 +261,37 @@ FA3C_API fa3c_status fa3c_append_kv_check(const fa3c_append_params *p);
 /* fa3c_append_kv_check, and on the CUDA backend cache_seqlens and the page
  * table copied to the host on stream (synchronized) and checked too. */
 FA3C_API fa3c_status fa3c_append_kv_check_device(const fa3c_append_params *p, void *stream);
+
+/* ---- fp8 quantization (the input of the e4m3 forward) -------------------- */
+
+/* x (batch, seqlen, heads, headdim) of FP32 / FP16 / BF16 to e4m3 bytes in
+ * out (same shape), with one float32 descale per (batch, group of `group`
+ * consecutive heads) written to descale ((batch, heads / group), contiguous):
+ * out * descale ≈ x. group = heads_q / heads_kv for q gives the (batch,
+ * heads_kv) q_descale the forward takes; 1 for k and v. The descale is the
+ * block's largest |value| / 448 (1 for an all-zero block), values are rounded
+ * to nearest even, and a NaN or inf in a block makes its descale NaN or inf,
+ * so it propagates. With hadamard = 1 each row is first rotated as by
+ * fa3c_hadamard_rotate_f32 (headdim a power of two <= 256; signs: headdim
+ * entries of +1 / -1, or NULL): rotate q and k with the same signs and Q·Kᵀ
+ * is unchanged while outliers spread over the row (FA3's incoherent
+ * processing). Any backend: CPU memory on the CPU, device memory on CUDA
+ * (nothing read back to the host). */
+typedef struct fa3c_quantize_params {
+    fa3c_dtype dtype;             /* of x: FP32, FP16 or BF16 */
+    int batch, seqlen, heads, headdim;
+    int group;                    /* heads per descale, dividing heads (0 = 1) */
+    fa3c_tensor x, out;           /* out: e4m3 bytes, unit stride on the last dimension */
+    float *descale;
+    int hadamard;
+    const float *signs;           /* with hadamard; the tensors' memory */
+    fa3c_backend backend;
+} fa3c_quantize_params;
+
+FA3C_API void fa3c_quantize_params_init(fa3c_quantize_params *p);
+FA3C_API fa3c_status fa3c_quantize_fp8(const fa3c_quantize_params *p, void *stream);
+/* The status fa3c_quantize_fp8 would return, without writing. */
+FA3C_API fa3c_status fa3c_quantize_fp8_check(const fa3c_quantize_params *p);
 
 /* ---- fp8 and incoherent processing helpers (host, CPU memory) ----------- */
 

@@ -44,6 +44,11 @@ static const layout_entry layout[] = {
     FIELD(fa3c_append_params, rotary_interleaved), FIELD(fa3c_append_params, rotary_seqlens),
     FIELD(fa3c_append_params, q), FIELD(fa3c_append_params, q_out), FIELD(fa3c_append_params, seqlen_q),
     FIELD(fa3c_append_params, heads_q), FIELD(fa3c_append_params, rotary_q_by_row),
+    SIZE(fa3c_quantize_params), FIELD(fa3c_quantize_params, dtype), FIELD(fa3c_quantize_params, batch),
+    FIELD(fa3c_quantize_params, seqlen), FIELD(fa3c_quantize_params, heads), FIELD(fa3c_quantize_params, headdim),
+    FIELD(fa3c_quantize_params, group), FIELD(fa3c_quantize_params, x), FIELD(fa3c_quantize_params, out),
+    FIELD(fa3c_quantize_params, descale), FIELD(fa3c_quantize_params, hadamard), FIELD(fa3c_quantize_params, signs),
+    FIELD(fa3c_quantize_params, backend),
 };
 #undef SIZE
 #undef FIELD

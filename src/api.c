@@ -1016,6 +1016,81 @@ fa3c_status fa3c_append_kv(const fa3c_append_params *p, void *stream) {
     return checked(backend == FA3C_BACKEND_CUDA ? fa3c_cuda_append_kv(p, stream) : fa3c_cpu_append_kv(p));
 }
 
+/* ---- fp8 quantization (fa3c_quantize_fp8) ---- */
+
+static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend *backend) {
+    const fa3c_status BAD = FA3C_STATUS_INVALID_ARGUMENT;
+    if (!p) return fa3c_error(BAD, "p: the params pointer is NULL");
+    if (p->dtype != FA3C_DTYPE_FP32 && p->dtype != FA3C_DTYPE_FP16 && p->dtype != FA3C_DTYPE_BF16)
+        return fa3c_error(BAD, "dtype: x must be FP32, FP16 or BF16 (got %d)", (int)p->dtype);
+    fa3c_status s = check_backend_value(p->backend);
+    if (s != FA3C_STATUS_OK) return s;
+    if (p->batch < 0 || p->seqlen < 0 || p->seqlen > FA3C_MAX_SEQLEN)
+        return fa3c_error(BAD, "batch, seqlen: must be >= 0 and seqlen <= FA3C_MAX_SEQLEN (got %d, %d)", p->batch,
+                          p->seqlen);
+    if (p->heads < 1) return fa3c_error(BAD, "heads: must be >= 1 (got %d)", p->heads);
+    if (p->headdim < 1 || p->headdim > 512) return fa3c_error(BAD, "headdim: must be in [1, 512] (got %d)", p->headdim);
+    const int group = p->group ? p->group : 1;
+    if (group < 1 || p->heads % group)
+        return fa3c_error(BAD, "group: must be 0 (= 1) or divide heads = %d (got %d)", p->heads, p->group);
+    if (p->hadamard != 0 && p->hadamard != 1) return fa3c_error(BAD, "hadamard: must be 0 or 1 (got %d)", p->hadamard);
+    if (p->hadamard && (p->headdim > 256 || (p->headdim & (p->headdim - 1))))
+        return fa3c_error(BAD, "hadamard: the rotation needs headdim a power of two <= 256 (got %d)", p->headdim);
+    if (!p->hadamard && p->signs) return fa3c_error(BAD, "signs: given with hadamard = 0");
+    if ((s = check_host_array_ptr("signs", p->signs, 4)) != FA3C_STATUS_OK) return s;
+    *backend = p->backend;
+    if (p->batch == 0 || p->seqlen == 0) return FA3C_STATUS_OK;   /* nothing to read or write */
+    if (!p->descale) return fa3c_error(BAD, "descale: is NULL (the scales are written there)");
+    if ((s = check_host_array_ptr("descale", p->descale, 4)) != FA3C_STATUS_OK) return s;
+
+    const tensor_arg ts[2] = {{"x", &p->x, ROWS_Q, p->heads, dtype_size(p->dtype), 0, p->headdim},
+                              {"out", &p->out, ROWS_Q, p->heads, 1, 1, p->headdim}};
+    const int64_t n[4] = {p->batch, p->seqlen, p->heads, p->headdim};
+    uintptr_t lo[4], hi[4];
+    for (int i = 0; i < 2; i++) {
+        if ((s = check_tensor_form(&ts[i])) != FA3C_STATUS_OK ||
+            (s = check_extent(ts[i].name, ts[i].t->data, ts[i].elem_size, n, ts[i].t->stride)) != FA3C_STATUS_OK ||
+            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n, ts[i].t->stride)) != FA3C_STATUS_OK))
+            return s;
+        int64_t last = 0;   /* cannot overflow: check_extent passed */
+        for (int d = 0; d < 4; d++) last += (n[d] - 1) * ts[i].t->stride[d];
+        lo[i] = (uintptr_t)ts[i].t->data;
+        hi[i] = lo[i] + (uintptr_t)((last + 1) * ts[i].elem_size);
+    }
+    lo[2] = (uintptr_t)p->descale, hi[2] = lo[2] + (uintptr_t)p->batch * (p->heads / group) * 4;
+    lo[3] = (uintptr_t)p->signs, hi[3] = lo[3] + (p->signs ? (uintptr_t)p->headdim * 4 : 0);
+    const char *names[4] = {"x", "out", "descale", "signs"};
+    int usable;
+    if ((s = pick_backend(p->backend, p->x.data, backend, &usable)) != FA3C_STATUS_OK) return s;
+    for (int i = 0; i < 4 && usable; i++)
+        if (lo[i] && (s = check_memory_kind(names[i], (const void *)lo[i], *backend)) != FA3C_STATUS_OK) return s;
+    for (int o = 1; o <= 2; o++)   /* the outputs: out and descale */
+        for (int i = 0; i < 4; i++)
+            if (i != o && lo[i] && lo[i] < hi[o] && lo[o] < hi[i])
+                return fa3c_error(BAD, "%s: overlaps %s (it is written)", names[o], names[i]);
+    if (*backend != FA3C_BACKEND_CUDA && p->signs)
+        for (int j = 0; j < p->headdim; j++)   /* anything but +-1 would not be a rotation */
+            if (p->signs[j] != 1.0f && p->signs[j] != -1.0f)
+                return fa3c_error(BAD, "signs[%d]: must be +1 or -1 (got %g)", j, (double)p->signs[j]);
+    if (*backend == FA3C_BACKEND_CUDA && !FA3C_CUDA_QUANTIZE)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "fa3c_quantize_fp8: the CUDA kernels are built but off until "
+                          "their GPU test has run (-DFA3C_CUDA_QUANTIZE=1); the CPU backends take host memory");
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_quantize_fp8_check(const fa3c_quantize_params *p) {
+    fa3c_backend backend;
+    return checked(prepare_quantize(p, &backend));
+}
+
+fa3c_status fa3c_quantize_fp8(const fa3c_quantize_params *p, void *stream) {
+    fa3c_backend backend;
+    fa3c_status s = prepare_quantize(p, &backend);
+    if (s != FA3C_STATUS_OK || p->batch == 0 || p->seqlen == 0) return checked(s);
+    fa3c_clear_error();
+    return checked(backend == FA3C_BACKEND_CUDA ? fa3c_cuda_quantize_fp8(p, stream) : fa3c_cpu_quantize_fp8(p));
+}
+
 int fa3c_cuda_available(void) {
     /* A query, not a call that can fail: keep the last failure's message. */
     char saved[1024];

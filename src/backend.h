@@ -29,6 +29,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p);  /* naive, double 
 fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p);
 fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p);
 fa3c_status fa3c_cpu_append_kv(const fa3c_append_params *p);    /* src/cpu/append.c */
+fa3c_status fa3c_cpu_quantize_fp8(const fa3c_quantize_params *p); /* src/cpu/quantize.c */
 
 /* CUDA backend (src/cuda/). Built only with nvcc; src/cuda_stub.c otherwise. */
 int fa3c_cuda_backend_usable(void);                 /* compiled in and an sm_90 GPU present */
@@ -38,6 +39,8 @@ int fa3c_cuda_pointer_is_device(const void *ptr);   /* 1 if device (or managed) 
 fa3c_status fa3c_cuda_copy_to_host(void *dst, const void *src, size_t bytes, void *stream);
 /* fa3c_append_kv's kernel (src/cuda/append.cu), on validated params. */
 fa3c_status fa3c_cuda_append_kv(const fa3c_append_params *p, void *stream);
+/* fa3c_quantize_fp8's kernels (src/cuda/quantize.cu), on validated params. */
+fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, void *stream);
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream);
 fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream);
 /* NOT_SUPPORTED with a message when the CUDA backend cannot do this call. */
@@ -52,6 +55,12 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr);
  * (docs/KNOBS.md). */
 #ifndef FA3C_CUDA_SINKS
 #define FA3C_CUDA_SINKS 1
+#endif
+/* 1: fa3c_quantize_fp8 runs its kernels on device memory. 0 until its GPU
+ * test (test_quantize_gpu) has passed on a GPU: such calls are NOT_SUPPORTED
+ * (docs/KNOBS.md). */
+#ifndef FA3C_CUDA_QUANTIZE
+#define FA3C_CUDA_QUANTIZE 0
 #endif
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */

@@ -20,6 +20,10 @@ fa3c_status fa3c_cuda_append_kv(const fa3c_append_params *p, void *stream) {
     return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
 }
 
+fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, void *stream) {
+    return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
+}
+
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     return fa3c_error(FA3C_STATUS_NO_DEVICE, NO_CUDA_MESSAGE);
 }

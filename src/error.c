@@ -64,6 +64,13 @@ void fa3c_bwd_params_init(fa3c_bwd_params *p) {
     p->backend = FA3C_BACKEND_AUTO;
 }
 
+void fa3c_quantize_params_init(fa3c_quantize_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->dtype = FA3C_DTYPE_BF16;
+    p->backend = FA3C_BACKEND_AUTO;
+}
+
 void fa3c_append_params_init(fa3c_append_params *p) {
     if (!p) return;
     memset(p, 0, sizeof *p);

@@ -332,6 +332,9 @@ TEST(struct_layout) {
     CHECK(fa3c_struct_layout("fa3c_problem", NULL) == (int64_t)sizeof(fa3c_problem), "problem size");
     CHECK(fa3c_struct_layout("fa3c_tensor", NULL) == (int64_t)sizeof(fa3c_tensor), "tensor size");
     CHECK(fa3c_struct_layout("fa3c_append_params", NULL) == (int64_t)sizeof(fa3c_append_params), "append size");
+    CHECK(fa3c_struct_layout("fa3c_quantize_params", NULL) == (int64_t)sizeof(fa3c_quantize_params), "quantize size");
+    CHECK(fa3c_struct_layout("fa3c_quantize_params", "signs") == (int64_t)offsetof(fa3c_quantize_params, signs),
+          "quantize signs offset");
     CHECK(fa3c_struct_layout("fa3c_append_params", "cache_seqlens") == (int64_t)offsetof(fa3c_append_params, cache_seqlens),
           "append cache_seqlens offset");
     CHECK(fa3c_struct_layout("fa3c_fwd_params", "backend") == (int64_t)offsetof(fa3c_fwd_params, backend), "fwd");

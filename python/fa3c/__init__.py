@@ -30,7 +30,7 @@ from ._lib import (Fa3cError, cuda_available, e4m3_to_float, float_to_e4m3, last
                    STATUS_INTERNAL_ERROR)
 from .interface import (append_kv, backward, flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_with_kvcache, forward,
-                        get_scheduler_metadata, prepare_backward, prepare_forward)
+                        get_scheduler_metadata, prepare_backward, prepare_forward, quantize_fp8)
 from ._dropin import install_flash_attn_interface
 
 from ._lib import PACKAGE_VERSION as __version__
@@ -40,6 +40,7 @@ __all__ = [
     "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata",
     "install_flash_attn_interface",
     "forward", "backward", "prepare_forward", "prepare_backward", "append_kv",
+    "quantize_fp8",
     "Fa3cError", "version",
     "cuda_available", "library_path", "last_error", "status_string",
     "float_to_e4m3", "e4m3_to_float",

@@ -436,6 +436,35 @@ def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, 
                 check_fn=L.fa3c_append_kv_check, check_device_fn=L.fa3c_append_kv_check_device)
 
 
+def prepare_quantize(ops, x, group=1, hadamard=False, signs=None, backend="auto"):
+    """fa3c_quantize_fp8: x (batch, seqlen, heads, headdim) of float32 / float16 / bfloat16
+    to e4m3 with one float32 descale per (batch, group of heads). The call's outputs are
+    (out, descale): out e4m3 of x's shape, descale (batch, heads / group)."""
+    x = ops.prepare(x)
+    if len(ops.shape(x)) != 4:
+        raise bad("x must be 4-D (batch, seqlen, heads, headdim) (got shape %s)" % (tuple(ops.shape(x)),))
+    batch, seqlen, heads, d = ops.shape(x)
+    group = int(group)
+    if group < 1 or heads % group:
+        raise bad("group must divide heads = %d (got %d)" % (heads, group))
+    out = ops.empty(ops.shape(x), _lib.DTYPE_E4M3, x)
+    descale = ops.empty((batch, heads // group), _lib.DTYPE_FP32, x)
+    sg = ops.descale(signs, (d,), x, "signs") if signs is not None else None
+    p = _lib.QuantizeParams()
+    L = _lib.lib()
+    L.fa3c_quantize_params_init(ctypes.byref(p))
+    p.dtype = ops.dtype_code(x)
+    p.batch, p.seqlen, p.heads, p.headdim, p.group = batch, seqlen, heads, d, group
+    p.x, p.out = _tensor(ops, x, False), _tensor(ops, out, False)
+    p.descale = ops.ptr(descale)
+    p.hadamard = int(bool(hadamard))
+    if sg is not None:
+        p.signs = ops.ptr(sg)
+    p.backend = backend_code(backend)
+    return Call(L.fa3c_quantize_fp8, p, (out, descale), (x, sg), context="fa3c quantize",
+                check_fn=L.fa3c_quantize_fp8_check)
+
+
 def backend_code(backend):
     if isinstance(backend, int):
         return backend

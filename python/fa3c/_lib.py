@@ -123,6 +123,22 @@ class AppendParams(ctypes.Structure):
     ]
 
 
+class QuantizeParams(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("batch", ctypes.c_int),
+        ("seqlen", ctypes.c_int),
+        ("heads", ctypes.c_int),
+        ("headdim", ctypes.c_int),
+        ("group", ctypes.c_int),
+        ("x", Tensor), ("out", Tensor),
+        ("descale", ctypes.c_void_p),
+        ("hadamard", ctypes.c_int),
+        ("signs", ctypes.c_void_p),
+        ("backend", ctypes.c_int),
+    ]
+
+
 class Fa3cError(RuntimeError):
     """An error reported by libfa3c. str(e) is the library's detailed message
     (fa3c_last_error) verbatim; .status is the fa3c_status code and
@@ -159,7 +175,8 @@ def _candidates():
 # The structs this module mirrors, by their C names (checked against the
 # library's own layout on load: check_abi).
 MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
-                    "fa3c_bwd_params": BwdParams, "fa3c_append_params": AppendParams}
+                    "fa3c_bwd_params": BwdParams, "fa3c_append_params": AppendParams,
+                    "fa3c_quantize_params": QuantizeParams}
 PACKAGE_VERSION = "0.3.0"   # fa3c.__version__: the library this package was written against
 
 
@@ -207,6 +224,9 @@ def _declare(lib):
         "fa3c_append_kv": (ctypes.c_int, [ctypes.POINTER(AppendParams), ctypes.c_void_p]),
         "fa3c_append_kv_check": (ctypes.c_int, [ctypes.POINTER(AppendParams)]),
         "fa3c_append_kv_check_device": (ctypes.c_int, [ctypes.POINTER(AppendParams), ctypes.c_void_p]),
+        "fa3c_quantize_params_init": (None, [ctypes.POINTER(QuantizeParams)]),
+        "fa3c_quantize_fp8": (ctypes.c_int, [ctypes.POINTER(QuantizeParams), ctypes.c_void_p]),
+        "fa3c_quantize_fp8_check": (ctypes.c_int, [ctypes.POINTER(QuantizeParams)]),
         "fa3c_bwd_check_device": (ctypes.c_int, [bwd_p, ctypes.c_void_p]),
         "fa3c_status_string": (ctypes.c_char_p, [ctypes.c_int]),
         "fa3c_last_error": (ctypes.c_char_p, []),

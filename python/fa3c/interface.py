@@ -391,3 +391,18 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, *, page_table=None, cu_seql
         call.finish = finish
         outs = call.run(stream)
     return outs[2] if len(outs) > 2 else None
+
+
+def quantize_fp8(x, *, group=1, hadamard=False, signs=None, backend=None):
+    """x (batch, seqlen, heads, headdim) of float32 / float16 / bfloat16 to e4m3 for the fp8
+    forward (fa3c_quantize_fp8, docs/FP8.md). Returns (out, descale): out e4m3 of x's
+    shape, descale float32 (batch, heads / group) with out * descale ≈ x (rotated). group:
+    heads per descale (heads_q / heads_kv for q, as the forward's q_descale; 1 for k, v).
+    hadamard=True rotates each row first (headdim a power of two <= 256) by the signs
+    (headdim entries of +1 / -1, or None) and the Hadamard matrix: pass q and k the same
+    signs, and leave v as it is (FA3's incoherent processing)."""
+    ops, stream, guard, backend, finish = _launch(x, backend)
+    with guard:
+        call = _core.prepare_quantize(ops, x, group=group, hadamard=hadamard, signs=signs, backend=backend)
+        call.finish = finish
+        return call.run(stream)

@@ -1,0 +1,152 @@
+// fa3c_quantize_fp8's kernels (src/api.c validates): two passes over x, one
+// warp per row. The first finds each block's (batch, group of heads) largest
+// |value| after the optional rotation and folds it into a scratch word with
+// an atomic max (a non-negative float's bits order as integers, and NaN's are
+// above inf's, so NaN wins); the second divides by descale = amax / 448 and
+// rounds to e4m3, and one thread per block writes the descale. The rotation
+// is fa3c_hadamard_rotate_f32's: signs, butterflies h = 1, 2, 4, ... with
+// (a + b, a - b), then the norm, so every value takes the CPU's operations
+// in the CPU's order and the result is the CPU backend's, bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include "backend.h"
+
+enum { QUANT_THREADS = 256, QUANT_WARPS = QUANT_THREADS / 32, QUANT_ROWS_PER_CTA = 64, QUANT_MAX_PER_LANE = 16 };
+
+struct QuantArgs {
+    const char *x;
+    uint8_t *out;
+    float *descale;
+    unsigned *amax;       // scratch: one word per block
+    const float *signs;   // NULL: all +1
+    int64_t x_stride[3], out_stride[3];
+    int batch, seqlen, heads, headdim, group, blocks, dtype, hadamard;
+    float norm;           // 1 / sqrt(headdim), rounded as on the host
+};
+
+__device__ __forceinline__ float load_x(const char *row, int c, int dtype) {
+    if (dtype == FA3C_DTYPE_FP32) return ((const float *)row)[c];
+    if (dtype == FA3C_DTYPE_FP16) return __half2float(((const __half *)row)[c]);
+    return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+}
+
+// This lane's values of row r of block (b, g): columns lane * per .. + per - 1
+// with the rotation (per = headdim / 32, or 1 with headdim lanes for headdim
+// < 32), columns lane + 32 k without. Returns how many it holds.
+__device__ int load_row(const QuantArgs &a, int b, int g, int r, float *v, int64_t *out_off) {
+    const int lane = threadIdx.x % 32, h = g * a.group + r / a.seqlen, s = r % a.seqlen;
+    const char *row = a.x + ((int64_t)b * a.x_stride[0] + s * a.x_stride[1] + h * a.x_stride[2]) *
+                                (a.dtype == FA3C_DTYPE_FP32 ? 4 : 2);
+    *out_off = (int64_t)b * a.out_stride[0] + s * a.out_stride[1] + h * a.out_stride[2];
+    if (!a.hadamard) {
+        int n = 0;
+        for (int c = lane; c < a.headdim; c += 32) v[n++] = load_x(row, c, a.dtype);
+        return n;
+    }
+    // Lanes past a short row (headdim < 32) hold zeros but still take part in
+    // the shuffles; their partners are all in the row.
+    const int per = a.headdim >= 32 ? a.headdim / 32 : 1;
+    const bool active = lane * per < a.headdim;
+    for (int k = 0; k < per; k++) {
+        const int c = lane * per + k;
+        v[k] = active ? load_x(row, c, a.dtype) * (a.signs ? a.signs[c] : 1.f) : 0.f;
+    }
+    for (int hb = 1; hb < a.headdim; hb <<= 1) {
+        if (hb < per) {   // partners in this lane
+            for (int k = 0; k < per; k++)
+                if (!(k & hb)) {
+                    const float x0 = v[k], x1 = v[k + hb];
+                    v[k] = x0 + x1;
+                    v[k + hb] = x0 - x1;
+                }
+        } else {          // partners hb / per lanes away; every lane of the warp takes part
+            const int step = hb / per;
+            const bool upper = (lane & step) != 0;
+            for (int k = 0; k < per; k++) {
+                const float other = __shfl_xor_sync(0xffffffffu, v[k], step);
+                v[k] = upper ? other - v[k] : v[k] + other;
+            }
+        }
+    }
+    for (int k = 0; k < per; k++) v[k] *= a.norm;
+    return active ? per : 0;
+}
+
+// Column of value k of this lane (as load_row laid them out).
+__device__ __forceinline__ int column(const QuantArgs &a, int k) {
+    const int lane = threadIdx.x % 32;
+    if (!a.hadamard) return lane + 32 * k;
+    return lane * (a.headdim >= 32 ? a.headdim / 32 : 1) + k;
+}
+
+__global__ void quantize_amax_kernel(const QuantArgs a) {
+    const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
+    const int warp = threadIdx.x / 32;
+    float amax = 0.f;
+    for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
+         r += QUANT_WARPS) {
+        float v[QUANT_MAX_PER_LANE];
+        int64_t off;
+        const int n = load_row(a, b, g, r, v, &off);
+        for (int k = 0; k < n; k++) {
+            const float m = fabsf(v[k]);
+            if (m > amax || isnan(m)) amax = isnan(amax) ? amax : m;
+        }
+    }
+    // fabsf leaves no sign bit, so the bits order as the values (NaN above inf).
+    for (int o = 16; o > 0; o >>= 1) amax = __uint_as_float(max(__float_as_uint(amax), __float_as_uint(__shfl_xor_sync(0xffffffffu, amax, o))));
+    if (threadIdx.x % 32 == 0) atomicMax(&a.amax[blk], __float_as_uint(amax));
+}
+
+__global__ void quantize_write_kernel(const QuantArgs a) {
+    const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
+    const float amax = __uint_as_float(a.amax[blk]);
+    const float descale = amax == 0.f ? 1.f : amax / 448.f;
+    if (blockIdx.y == 0 && threadIdx.x == 0) a.descale[blk] = descale;
+    const int warp = threadIdx.x / 32;
+    for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
+         r += QUANT_WARPS) {
+        float v[QUANT_MAX_PER_LANE];
+        int64_t off;
+        const int n = load_row(a, b, g, r, v, &off);
+        for (int k = 0; k < n; k++)
+            a.out[off + column(a, k)] = (uint8_t)__nv_cvt_float_to_fp8(v[k] / descale, __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+extern "C" fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, void *stream) {
+    QuantArgs a = {};
+    a.x = (const char *)p->x.data;
+    a.out = (uint8_t *)p->out.data;
+    a.descale = p->descale;
+    a.signs = p->signs;
+    for (int i = 0; i < 3; i++) a.x_stride[i] = p->x.stride[i], a.out_stride[i] = p->out.stride[i];
+    a.batch = p->batch, a.seqlen = p->seqlen, a.heads = p->heads, a.headdim = p->headdim;
+    a.group = p->group ? p->group : 1;
+    a.blocks = p->heads / a.group;
+    a.dtype = (int)p->dtype;
+    a.hadamard = p->hadamard;
+    a.norm = (float)(1.0 / sqrt((double)p->headdim));
+    const int64_t blocks = (int64_t)p->batch * a.blocks, rows = (int64_t)a.group * p->seqlen;
+    const int64_t chunks = (rows + QUANT_ROWS_PER_CTA - 1) / QUANT_ROWS_PER_CTA;
+    if (blocks > INT32_MAX || chunks > 65535)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "quantize: %lld blocks of %lld rows are more than one launch takes",
+                          (long long)blocks, (long long)rows);
+    cudaStream_t st = (cudaStream_t)stream;
+    cudaError_t e = cudaMallocAsync((void **)&a.amax, (size_t)blocks * 4, st);
+    if (e != cudaSuccess)
+        return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "quantize: %lld bytes of scratch: %s", (long long)blocks * 4,
+                          cudaGetErrorString(e));
+    const dim3 grid((unsigned)blocks, (unsigned)chunks);
+    cudaMemsetAsync(a.amax, 0, (size_t)blocks * 4, st);
+    quantize_amax_kernel<<<grid, QUANT_THREADS, 0, st>>>(a);
+    quantize_write_kernel<<<grid, QUANT_THREADS, 0, st>>>(a);
+    e = cudaGetLastError();
+    cudaFreeAsync(a.amax, st);
+    if (e != cudaSuccess) return fa3c_error(FA3C_STATUS_CUDA_ERROR, "quantize kernels: %s", cudaGetErrorString(e));
+    return FA3C_STATUS_OK;
+}

@@ -1,0 +1,81 @@
+"""fa3c.quantize_fp8 (fa3c_quantize_fp8): e4m3 with (batch, group of heads) descales, with and
+without the Hadamard rotation, from numpy and torch; its output feeds the fp8 forward; on a GPU
+against the CPU backend, bit for bit (where the library's CUDA kernels for it are on)."""
+import numpy as np
+import pytest
+
+import fa3c
+import attn_reference as ref
+from conftest import ml_dtypes_or_skip
+
+
+def hadamard(d):
+    h = np.ones((1, 1))
+    while h.shape[0] < d:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(d)
+
+
+def test_numpy_against_float64(rng):
+    ml_dtypes_or_skip()
+    b, s, h, d, group = 2, 33, 4, 64, 2
+    x = rng.standard_normal((b, s, h, d)).astype(np.float32) * 3
+    signs = np.where(rng.random(d) < 0.5, -1.0, 1.0).astype(np.float32)
+    for rot in (False, True):
+        out, descale = fa3c.quantize_fp8(x, group=group, hadamard=rot, signs=signs if rot else None)
+        assert out.dtype.name == "float8_e4m3fn" and out.shape == x.shape
+        assert descale.dtype == np.float32 and descale.shape == (b, h // group)
+        want = (x.astype(np.float64) * signs) @ hadamard(d).T if rot else x.astype(np.float64)
+        amax = np.abs(want).reshape(b, s, h // group, group, d).max(axis=(1, 3, 4))
+        np.testing.assert_allclose(descale, amax / 448, rtol=1e-6)
+        deq = out.astype(np.float32).astype(np.float64) * np.repeat(descale, group, axis=1)[:, None, :, None]
+        bound = 2.0 ** -4 * np.abs(want) + 2.0 ** -10 * np.repeat(descale, group, axis=1)[:, None, :, None] + 1e-5
+        assert np.all(np.abs(deq - want) <= bound)
+
+
+def test_feeds_the_fp8_forward(rng):
+    # q, k rotated with one set of signs and v as it is: the e4m3 forward on them against the
+    # float64 attention of the unquantized inputs, N(0,1) with 0.1% outliers x10
+    ml_dtypes_or_skip()
+    b, s, h, d = 1, 128, 2, 128
+    q, k, v = (rng.standard_normal((b, s, h, d)) + 10 * rng.standard_normal((b, s, h, d)) *
+               (rng.random((b, s, h, d)) < 0.001) for _ in range(3))
+    q, k, v = (x.astype(np.float32) for x in (q, k, v))
+    want, _ = ref.fwd(q, k, v, None, True)
+    signs = np.where(rng.random(d) < 0.5, -1.0, 1.0).astype(np.float32)
+    errs = []
+    for rot in (False, True):
+        (q8, qd), (k8, kd) = (fa3c.quantize_fp8(x, hadamard=rot, signs=signs if rot else None) for x in (q, k))
+        v8, vd = fa3c.quantize_fp8(v)
+        out = fa3c.flash_attn_func(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+        errs.append(float(np.sqrt(np.mean((out.astype(np.float32) - want) ** 2))))
+    assert errs[1] < errs[0], errs
+
+
+def test_torch_cpu_and_refusals():
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    x = torch.randn(1, 9, 2, 32, dtype=torch.bfloat16)
+    out, descale = fa3c.quantize_fp8(x, hadamard=True)
+    assert out.dtype == torch.float8_e4m3fn and descale.shape == (1, 2)
+    with pytest.raises(fa3c.Fa3cError, match="hadamard"):
+        fa3c.quantize_fp8(torch.randn(1, 4, 2, 24), hadamard=True)
+    with pytest.raises(fa3c.Fa3cError, match="group"):
+        fa3c.quantize_fp8(x, group=3)
+
+
+def test_torch_cuda_matches_cpu():
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("no Hopper GPU (sm_90)")
+    x = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    x[0, 3, 1, 7] = 40.0
+    signs = torch.where(torch.rand(128) < 0.5, -1.0, 1.0)
+    try:
+        g_out, g_d = fa3c.quantize_fp8(x.cuda(), group=4, hadamard=True, signs=signs.cuda())
+    except fa3c.Fa3cError as e:
+        if "FA3C_CUDA_QUANTIZE" in str(e):
+            pytest.skip("libfa3c's CUDA quantization kernels are off in this build (-DFA3C_CUDA_QUANTIZE=1)")
+        raise
+    c_out, c_d = fa3c.quantize_fp8(x, group=4, hadamard=True, signs=signs)
+    assert torch.equal(g_d.cpu(), c_d)
+    assert torch.equal(g_out.cpu().view(torch.uint8), c_out.view(torch.uint8))
