@@ -28,7 +28,7 @@ from ._lib import (Fa3cError, cuda_available, e4m3_to_float, float_to_e4m3, last
                    STATUS_OK, STATUS_INVALID_ARGUMENT, STATUS_NOT_SUPPORTED,
                    STATUS_OUT_OF_MEMORY, STATUS_NO_DEVICE, STATUS_CUDA_ERROR,
                    STATUS_INTERNAL_ERROR)
-from .interface import (append_kv, backward, flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func,
+from .interface import (append_kv, backward, flash_attn_combine, fp8_attention, flash_attn_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_with_kvcache, forward,
                         get_scheduler_metadata, prepare_backward, prepare_forward, quantize_fp8)
 from ._dropin import install_flash_attn_interface
@@ -40,7 +40,7 @@ __all__ = [
     "flash_attn_with_kvcache", "flash_attn_combine", "get_scheduler_metadata",
     "install_flash_attn_interface",
     "forward", "backward", "prepare_forward", "prepare_backward", "append_kv",
-    "quantize_fp8",
+    "quantize_fp8", "fp8_attention",
     "Fa3cError", "version",
     "cuda_available", "library_path", "last_error", "status_string",
     "float_to_e4m3", "e4m3_to_float",

@@ -406,3 +406,30 @@ def quantize_fp8(x, *, group=1, hadamard=False, signs=None, backend=None):
         call = _core.prepare_quantize(ops, x, group=group, hadamard=hadamard, signs=signs, backend=backend)
         call.finish = finish
         return call.run(stream)
+
+
+def _default_signs(d):
+    """A fixed pattern of +1 / -1 for the rotation (the same on every call, so q and k match)."""
+    import numpy as np
+    return np.where(np.random.RandomState(0x5eed).random_sample(d) < 0.5, -1.0, 1.0).astype(np.float32)
+
+
+def fp8_attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                  hadamard=True, signs=None, return_lse=False, backend=None):
+    """Attention through the e4m3 forward for callers holding bf16 / fp16 / fp32 tensors: q, k,
+    v quantized by fa3c.quantize_fp8 (q with one descale per (batch, K/V head) group, as the
+    forward takes it), q and k first rotated by the same signs and Hadamard matrix when
+    hadamard=True (FA3's incoherent processing; head dim a power of two), then one fa3c_fwd
+    call. Returns out (bf16), or (out, lse) with return_lse=True. signs: head-dim entries of
+    +1 / -1; None takes a fixed pseudo-random pattern."""
+    heads_q, heads_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if hadamard and signs is None:
+        signs = _default_signs(d)
+    rot = dict(hadamard=hadamard, signs=signs if hadamard else None, backend=backend)
+    q8, qd = quantize_fp8(q, group=heads_q // heads_kv if heads_kv else 1, **rot)
+    k8, kd = quantize_fp8(k, **rot)
+    v8, vd = quantize_fp8(v, backend=backend)
+    out, lse = forward(q8, k8, v8, softmax_scale=softmax_scale if softmax_scale else d ** -0.5, causal=causal,
+                       window_size=window_size, softcap=softcap, q_descale=qd, k_descale=kd, v_descale=vd,
+                       backend=backend)
+    return (out, lse) if return_lse else out
