@@ -494,13 +494,19 @@ static int tensor_meets_array(const arg_mem *t, const arg_mem *a) {
  * overlaps between tensors are the caller's bug (docs/API.md). Where a size
  * is only bounded (packed sequences whose cu_seqlens live on the device),
  * by start address too: the bound may reach into the next allocation. */
+/* A tensor of no elements (packed sequences whose total is 0) touches no
+ * memory, so it meets nothing, whatever its address. */
+static int touches_nothing(const arg_mem *a) {
+    return a->is_tensor && a->exact && (a->n[0] == 0 || a->n[1] == 0 || a->n[2] == 0 || a->n[3] == 0);
+}
+
 static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
     arg_mem m[24];
     const int n = collect_memory(c, host_arrays, m);
     for (int i = 0; i < n; i++) {
-        if (!m[i].is_output) continue;
+        if (!m[i].is_output || touches_nothing(&m[i])) continue;
         for (int j = 0; j < n; j++) {
-            if (j == i) continue;
+            if (j == i || touches_nothing(&m[j])) continue;
             int clash;
             if ((m[i].is_tensor && m[j].is_tensor) || !m[i].exact || !m[j].exact) {
                 clash = m[i].lo == m[j].lo;
