@@ -462,3 +462,27 @@ def test_gpu_append_kv_matches_cpu(paged):
     for name, a, g in zip(("k_cache", "v_cache", "q rotated"), *outs):
         torch.testing.assert_close(g, a, rtol=2 ** -7, atol=0, msg=name)
     assert torch.equal(outs[0][1], outs[1][1])   # values are copied, bit for bit
+
+
+@gpu
+def test_gpu_kvcache_step_with_rotary_and_batch_idx():
+    # FA3's decode step in one call on GPU tensors (append k, v rotated, q rotated, rows picked by
+    # cache_batch_idx, attention) against the same call on CPU tensors
+    torch.manual_seed(5)
+    b, hq, hkv, d, cap, n = 3, 8, 2, 128, 64, 2
+    kc, vc = torch.randn(4, cap, hkv, d, dtype=torch.bfloat16), torch.randn(4, cap, hkv, d, dtype=torch.bfloat16)
+    q = torch.randn(b, n, hq, d, dtype=torch.bfloat16)
+    kn, vn = torch.randn(b, n, hkv, d, dtype=torch.bfloat16), torch.randn(b, n, hkv, d, dtype=torch.bfloat16)
+    ang = torch.arange(128.0)[:, None] * 10000.0 ** (-torch.arange(32.0) / 32)
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    lens, idx = torch.tensor([10, 0, 61], dtype=torch.int32), torch.tensor([3, 0, 1], dtype=torch.int32)
+    res = []
+    for dev in ("cpu", "cuda"):
+        kc_d, vc_d = kc.clone().to(dev), vc.clone().to(dev)
+        out = fa3c.flash_attn_with_kvcache(q.to(dev), kc_d, vc_d, kn.to(dev), vn.to(dev), rotary_cos=cos.to(dev),
+                                           rotary_sin=sin.to(dev), cache_seqlens=lens.to(dev),
+                                           cache_batch_idx=idx.to(dev), causal=True)
+        res.append([x.cpu().float() for x in (out, kc_d, vc_d)])
+    torch.testing.assert_close(res[1][1], res[0][1], rtol=2 ** -7, atol=0, msg="k_cache")
+    assert torch.equal(res[1][2], res[0][2]), "v_cache"
+    torch.testing.assert_close(res[1][0], res[0][0], rtol=2e-2, atol=2e-2, msg="out")
