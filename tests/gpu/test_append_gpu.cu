@@ -6,7 +6,8 @@
 // past the pages must write nothing for those tokens, and
 // fa3c_append_kv_check_device must name them. And the optional parts (rotary
 // embedding of the new keys and of q, packed new tokens) against the CPU
-// backend, whose rotation tests/test_append_rotary.c checks in float64.
+// backend, whose rotation tests/test_append_rotary.c checks in float64, and
+// their device metadata broken for one sequence (rotary_seqlens, cu_seqlens_new).
 #include "gpu_util.cuh"
 #include "backend.h"
 
@@ -149,8 +150,14 @@ static int close_enough(const void *cpu, const void *gpu, size_t bytes, fa3c_dty
     return 1;
 }
 
+// hostile: device metadata that breaks the contract for sequence 2 only (1: its
+// rotary_seqlens past the tables, 2: negative, 3: its cu_seqlens_new end past the
+// new tokens): the GPU must write nothing for that sequence (the CPU reference
+// then runs the first two sequences) and fa3c_append_kv_check_device name it.
+enum { HOSTILE_NONE, HOSTILE_ROT_PAST, HOSTILE_ROT_NEG, HOSTILE_CU_PAST };
+
 static void rotary_case(const char *what, fa3c_dtype dt, int d, int rotary_dim, int interleaved, int by_row,
-                        int packed, int paged, int in_place) {
+                        int packed, int paged, int in_place, int hostile = HOSTILE_NONE) {
     const size_t es = tu_dtype_size(dt), row = (size_t)RH * d * es;
     Buf kn = make_buf(RB * RNEW * row, dt, 1), vn = make_buf(RB * RNEW * row, dt, 1);
     Buf kc = make_buf(RB * RROWS * row, dt, 1), vc = make_buf(RB * RROWS * row, dt, 1);
@@ -165,10 +172,13 @@ static void rotary_case(const char *what, fa3c_dtype dt, int d, int rotary_dim, 
         }
     CUDA_OK(cudaMemcpy(cs.dev, cs.host, cs.bytes, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(sn.dev, sn.host, sn.bytes, cudaMemcpyHostToDevice));
-    int32_t lens[RB] = {0, 9, 20}, cu[RB + 1] = {0, 3, 3, 7}, table[RB * 6];
+    int32_t lens[RB] = {0, 9, 20}, cu[RB + 1] = {0, 3, 3, 7}, table[RB * 6], rot[RB] = {4, 0, 30};
+    if (hostile == HOSTILE_ROT_PAST) rot[2] = 1000;
+    if (hostile == HOSTILE_ROT_NEG) rot[2] = -3;
+    if (hostile == HOSTILE_CU_PAST) cu[3] = 1000;
     for (int i = 0; i < RB * 6; i++) table[i] = RB * 6 - 1 - i;
     int32_t *dlens = (int32_t *)to_device(lens, sizeof lens), *dcu = (int32_t *)to_device(cu, sizeof cu);
-    int32_t *dtable = (int32_t *)to_device(table, sizeof table);
+    int32_t *dtable = (int32_t *)to_device(table, sizeof table), *drot = (int32_t *)to_device(rot, sizeof rot);
 
     fa3c_append_params p;
     fa3c_append_params_init(&p);
@@ -187,16 +197,27 @@ static void rotary_case(const char *what, fa3c_dtype dt, int d, int rotary_dim, 
         p.q = tu_tensor(q.host, RB, RSQ, RHQ, d);
         p.q_out = in_place ? p.q : tu_tensor(qo.host, RB, RSQ, RHQ, d);
         p.seqlen_q = RSQ, p.heads_q = RHQ, p.rotary_q_by_row = by_row;
+        if (hostile == HOSTILE_ROT_PAST || hostile == HOSTILE_ROT_NEG) p.rotary_seqlens = rot;
     }
     fa3c_append_params g = p;
     g.k_new.data = kn.dev, g.v_new.data = vn.dev, g.k_cache.data = kc.dev, g.v_cache.data = vc.dev;
     g.cache_seqlens = dlens, g.cu_seqlens_new = packed ? dcu : NULL, g.page_table = paged ? dtable : NULL;
     if (rotary_dim) {
         g.rotary_cos = cs.dev, g.rotary_sin = sn.dev, g.q.data = q.dev, g.q_out.data = in_place ? q.dev : qo.dev;
+        if (p.rotary_seqlens) g.rotary_seqlens = drot;
     }
     g.backend = FA3C_BACKEND_CUDA;
     p.backend = FA3C_BACKEND_CPU;
-    CHECK(fa3c_append_kv_check_device(&g, NULL) == FA3C_STATUS_OK, "%s: check_device: %s", what, fa3c_last_error());
+    if (hostile) p.batch = 2;   // the reference: sequence 2 gets nothing
+    const fa3c_status dc = fa3c_append_kv_check_device(&g, NULL);
+    if (hostile) {
+        printf("  [%s] check_device: %s %s\n", what, fa3c_status_string(dc), fa3c_last_error());
+        CHECK(dc == FA3C_STATUS_INVALID_ARGUMENT && strstr(fa3c_last_error(), hostile == HOSTILE_CU_PAST ? "cu_seqlens_new"
+                                                                                         : "rotary_seqlens[2]"),
+              "%s: check_device said %s: %s", what, fa3c_status_string(dc), fa3c_last_error());
+    } else {
+        CHECK(dc == FA3C_STATUS_OK, "%s: check_device: %s", what, fa3c_last_error());
+    }
     CHECK(fa3c_append_kv(&g, NULL) == FA3C_STATUS_OK, "%s: GPU: %s", what, fa3c_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     CHECK(fa3c_append_kv(&p, NULL) == FA3C_STATUS_OK, "%s: CPU: %s", what, fa3c_last_error());
@@ -212,7 +233,7 @@ static void rotary_case(const char *what, fa3c_dtype dt, int d, int rotary_dim, 
     }
     Buf *all[8] = {&kn, &vn, &kc, &vc, &q, &qo, &cs, &sn};
     for (int i = 0; i < 8; i++) cudaFree(all[i]->dev), free(all[i]->host);
-    cudaFree(dlens), cudaFree(dcu), cudaFree(dtable);
+    cudaFree(dlens), cudaFree(dcu), cudaFree(dtable), cudaFree(drot);
 }
 
 TEST(append_rotary_and_packed_match_the_cpu) {
@@ -222,6 +243,13 @@ TEST(append_rotary_and_packed_match_the_cpu) {
     rotary_case("fp16 rotary 6 of 24, interleaved, packed", FA3C_DTYPE_FP16, 24, 6, 1, 1, 1, 0, 0);
     rotary_case("fp32 rotary 16 of 16, NeoX, packed and paged", FA3C_DTYPE_FP32, 16, 16, 0, 1, 1, 1, 0);
     rotary_case("bf16 packed, no rotary (vector path)", FA3C_DTYPE_BF16, 64, 0, 0, 0, 1, 0, 0);
+}
+
+TEST(append_rotary_hostile_metadata) {
+    REQUIRE_SM90();
+    rotary_case("rotary_seqlens past the tables", FA3C_DTYPE_BF16, 64, 64, 1, 1, 0, 0, 0, HOSTILE_ROT_PAST);
+    rotary_case("negative rotary_seqlens, paged", FA3C_DTYPE_BF16, 64, 32, 0, 1, 0, 1, 0, HOSTILE_ROT_NEG);
+    rotary_case("cu_seqlens_new past the new tokens", FA3C_DTYPE_FP16, 24, 0, 0, 0, 1, 0, 0, HOSTILE_CU_PAST);
 }
 
 TEST_MAIN()
