@@ -409,6 +409,27 @@ static fa3c_status check_output_distinct(const char *name, const int64_t n[4], c
     return FA3C_STATUS_OK;
 }
 
+/* The smaller families' tensors (appends, quantization), each of shape n:
+ * form, extent, and for an output a separate address per element. */
+static fa3c_status check_tensor_shape(const tensor_arg *a, const int64_t n[4]) {
+    fa3c_status s;
+    if ((s = check_tensor_form(a)) != FA3C_STATUS_OK ||
+        (s = check_extent(a->name, a->t->data, a->elem_size, n, a->t->stride)) != FA3C_STATUS_OK)
+        return s;
+    return a->is_output ? check_output_distinct(a->name, n, a->t->stride) : FA3C_STATUS_OK;
+}
+
+/* Bytes from a tensor's start to past its last element; 0 when it has none
+ * (check_extent passed, so this cannot overflow). */
+static int64_t tensor_span_bytes(const int64_t n[4], const int64_t st[4], int elem_size) {
+    int64_t last = 0;
+    for (int d = 0; d < 4; d++) {
+        if (n[d] <= 0) return 0;
+        last += (n[d] - 1) * st[d];
+    }
+    return (last + 1) * elem_size;
+}
+
 static fa3c_status check_extents(const call_desc *c, int host_arrays) {
     fa3c_status s;
     for (int i = 0; i < c->ntensors; i++) {
@@ -935,11 +956,7 @@ static fa3c_status prepare_append(const fa3c_append_params *p, fa3c_backend *bac
     for (int i = 0; i < 6; i++) {
         const int64_t dims[3][2] = {{new_outer, new_rows}, {outer, rows}, {p->batch, p->seqlen_q}};
         n[i][0] = dims[i / 2][0], n[i][1] = dims[i / 2][1], n[i][2] = ts[i].heads, n[i][3] = ts[i].dim;
-        if (i < Q ? !writes_kv : !has_q) continue;
-        if ((s = check_tensor_form(&ts[i])) != FA3C_STATUS_OK ||
-            (s = check_extent(ts[i].name, ts[i].t->data, es, n[i], ts[i].t->stride)) != FA3C_STATUS_OK ||
-            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n[i], ts[i].t->stride)) != FA3C_STATUS_OK))
-            return s;
+        if ((i < Q ? writes_kv : has_q) && (s = check_tensor_shape(&ts[i], n[i])) != FA3C_STATUS_OK) return s;
     }
     const int64_t rot_stride = p->rotary_stride ? p->rotary_stride : p->rotary_dim / 2;
     const int64_t table_n[4] = {p->rotary_rows, p->rotary_dim / 2, 1, 1}, table_s[4] = {rot_stride, 1, 0, 0};
@@ -971,15 +988,10 @@ static fa3c_status prepare_append(const fa3c_append_params *p, fa3c_backend *bac
     for (int i = 0; i < NARGS; i++) {
         lo[i] = hi[i] = (uintptr_t)ptr[i];
         if (!lo[i]) continue;   /* not part of this call: its sizes were not checked */
-        int64_t last = 0, bytes = 0;   /* cannot overflow: the extents were checked */
+        int64_t bytes;   /* cannot overflow: the extents were checked */
         if (i < LENS) {
-            if (i < K_CACHE) n[i][1] = new_rows;
-            int empty = 0;
-            for (int d = 0; d < 4; d++) {
-                empty |= n[i][d] == 0;
-                last += (n[i][d] > 0 ? n[i][d] - 1 : 0) * ts[i].t->stride[d];
-            }
-            bytes = empty ? 0 : (last + 1) * es;   /* packed new tokens may number 0 */
+            if (i < K_CACHE) n[i][1] = new_rows;   /* packed new tokens may number 0 */
+            bytes = tensor_span_bytes(n[i], ts[i].t->stride, es);
         } else if (i == COS || i == SIN) {
             bytes = (((int64_t)p->rotary_rows - 1) * rot_stride + p->rotary_dim / 2) * es;
         } else {
@@ -1054,14 +1066,9 @@ static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend 
     const int64_t n[4] = {p->batch, p->seqlen, p->heads, p->headdim};
     uintptr_t lo[4], hi[4];
     for (int i = 0; i < 2; i++) {
-        if ((s = check_tensor_form(&ts[i])) != FA3C_STATUS_OK ||
-            (s = check_extent(ts[i].name, ts[i].t->data, ts[i].elem_size, n, ts[i].t->stride)) != FA3C_STATUS_OK ||
-            (ts[i].is_output && (s = check_output_distinct(ts[i].name, n, ts[i].t->stride)) != FA3C_STATUS_OK))
-            return s;
-        int64_t last = 0;   /* cannot overflow: check_extent passed */
-        for (int d = 0; d < 4; d++) last += (n[d] - 1) * ts[i].t->stride[d];
+        if ((s = check_tensor_shape(&ts[i], n)) != FA3C_STATUS_OK) return s;
         lo[i] = (uintptr_t)ts[i].t->data;
-        hi[i] = lo[i] + (uintptr_t)((last + 1) * ts[i].elem_size);
+        hi[i] = lo[i] + (uintptr_t)tensor_span_bytes(n, ts[i].t->stride, ts[i].elem_size);
     }
     lo[2] = (uintptr_t)p->descale, hi[2] = lo[2] + (uintptr_t)p->batch * (p->heads / group) * 4;
     lo[3] = (uintptr_t)p->signs, hi[3] = lo[3] + (p->signs ? (uintptr_t)p->headdim * 4 : 0);

@@ -429,7 +429,7 @@ def fp8_attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1,
     q8, qd = quantize_fp8(q, group=heads_q // heads_kv if heads_kv else 1, **rot)
     k8, kd = quantize_fp8(k, **rot)
     v8, vd = quantize_fp8(v, backend=backend)
-    out, lse = forward(q8, k8, v8, softmax_scale=softmax_scale if softmax_scale else d ** -0.5, causal=causal,
+    out, lse = forward(q8, k8, v8, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, q_descale=qd, k_descale=kd, v_descale=vd,
                        backend=backend)
     return (out, lse) if return_lse else out

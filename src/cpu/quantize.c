@@ -3,18 +3,17 @@
  * the Hadamard transform), the block's largest |value| found, then every
  * value divided by descale = amax / 448 and rounded to e4m3. */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "backend.h"
 #include "convert.h"
+#include "cpu.h"
 
-/* Row (b, s, h) of x as floats, rotated when asked (fa3c_hadamard_rotate_f32's math). */
+/* Row (b, s, h) of x as floats, rotated when asked (api.c checked the signs). */
 static void load_row(const fa3c_quantize_params *p, int b, int s, int h, float *row) {
     const int64_t *st = p->x.stride;
     const int64_t base = b * st[0] + s * st[1] + h * st[2];
     for (int c = 0; c < p->headdim; c++) row[c] = fa3c_load_f(p->x.data, p->dtype, base + c);
-    if (p->hadamard) fa3c_hadamard_rotate_f32(row, 1, p->headdim, p->signs);
+    if (p->hadamard) fa3c_cpu_hadamard_rows(row, 1, p->headdim, p->signs);
 }
 
 fa3c_status fa3c_cpu_quantize_fp8(const fa3c_quantize_params *p) {
