@@ -6,9 +6,10 @@ its own asm string; writing them by hand invites typos. Run:
     python3 tools/gen_wgmma.py > src/cuda/wgmma.cuh
 """
 NS = (64, 80, 96, 112, 128, 176, 192, 256)
-NS_SS = (32,)   # wgmma_ss alone: the wide backward's S = Q·Kᵀ of 32 keys per warpgroup (bwd_wide_sm90.cuh)
-NS_MN = (64,)   # wgmma_ss_mn: the backward's dQ = dS·K (bwd_sm90.cuh) and the wide one's dVᵀ, dKᵀ tiles
+NS_SS = (32, 40)   # wgmma_ss alone: the wide backward's S = Q·Kᵀ of 32 or 40 keys per warpgroup (bwd_wide_sm90.cuh)
+NS_MN = (64,)   # wgmma_ss_mn: the backward's dQ = dS·K (bwd_sm90.cuh; the wide one's halves from dSᵀ) and the wide one's dVᵀ, dKᵀ tiles
 NS_BMN = (64, 128)   # wgmma_ss_bmn: the wide backward's dQ = dS·K, 64 or 128 columns per warpgroup
+NS_AMN = (80,)   # wgmma_ss_amn: the wide backward's dVᵀ, dKᵀ tiles of 80 keys (Pᵀ and dSᵀ K-major)
 NS_E4M3 = (128, 256)   # the fp8 forward (fwd_fp8_sm90.cuh): S with 128 keys, O with hdim 128 / 256
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 
@@ -39,13 +40,13 @@ def body_e4m3(n, form):
 def body(n, ptx_type, form):
     regs = n // 2
     acc = "{" + operands(n) + "}"
-    if form in ("ss", "ss_mn", "ss_bmn"):
+    if form in ("ss", "ss_mn", "ss_bmn", "ss_amn"):
         a = f"%{regs}"
         b = f"%{regs + 1}"
         pred = f"%{regs + 2}"
         # scale-a, scale-b, trans-a, trans-b: both K-major ("ss", S = Q·K^T), both MN-major ("ss_mn"),
-        # or A K-major and B MN-major ("ss_bmn")
-        tail = {"ss": "1, 1, 0, 0", "ss_mn": "1, 1, 1, 1", "ss_bmn": "1, 1, 0, 1"}[form]
+        # A K-major and B MN-major ("ss_bmn"), or A MN-major and B K-major ("ss_amn")
+        tail = {"ss": "1, 1, 0, 0", "ss_mn": "1, 1, 1, 1", "ss_bmn": "1, 1, 0, 1", "ss_amn": "1, 1, 1, 0"}[form]
         ins = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
     else:
         a = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
@@ -71,6 +72,7 @@ print("//   wgmma_rs<N, T>: D (+)= A·B, A from registers, B MN-major in smem (O
 print("//   wgmma_rsk<N, T>: D (+)= A·B, A from registers, B K-major in smem (S = Q·K^T, Q in registers).")
 print("//   wgmma_ss_mn<N, T>: D (+)= A·B, A and B from smem, both MN-major (the backward's dQ = dS·K).")
 print("//   wgmma_ss_bmn<N, T>: D (+)= A·B, A and B from smem, A K-major, B MN-major (the wide backward's dQ = dS·K).")
+print("//   wgmma_ss_amn<N, T>: D (+)= A·B, A and B from smem, A MN-major, B K-major (the wide backward's dKᵀ += Qᵀ·dS from dSᵀ).")
 print("//   wgmma_ss_e4m3<N>, wgmma_rs_e4m3<N>: m64nNk32 with e4m3 A and B (both K-major; A from smem or registers).")
 print("// accumulate = 0 overwrites D (first k-step). T: 0 = bf16, 1 = fp16.")
 print("#pragma once")
@@ -80,6 +82,7 @@ print("template <int N, int T> __device__ __forceinline__ void wgmma_rs(float *d
 print("template <int N, int T> __device__ __forceinline__ void wgmma_rsk(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);")
 print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_mn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
 print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_bmn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
+print("template <int N, int T> __device__ __forceinline__ void wgmma_ss_amn(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
 print("template <int N> __device__ __forceinline__ void wgmma_ss_e4m3(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate);")
 print("template <int N> __device__ __forceinline__ void wgmma_rs_e4m3(float *d, const uint32_t *a, uint64_t desc_b, int accumulate);\n")
 for t_index, (name, ptx_type) in enumerate(TYPES):
@@ -99,6 +102,9 @@ for t_index, (name, ptx_type) in enumerate(TYPES):
     for n in NS_BMN:
         print(f"template <> __device__ __forceinline__ void wgmma_ss_bmn<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
         print(body(n, ptx_type, "ss_bmn") + "}\n")
+    for n in NS_AMN:
+        print(f"template <> __device__ __forceinline__ void wgmma_ss_amn<{n}, {t_index}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
+        print(body(n, ptx_type, "ss_amn") + "}\n")
 for n in NS_E4M3:
     print(f"template <> __device__ __forceinline__ void wgmma_ss_e4m3<{n}>(float *d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{")
     print(body_e4m3(n, "ss") + "}\n")

@@ -107,6 +107,8 @@ FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *b
 
 // The producer thread: K and V once, then Q, dO, LSE and dsum of each step
 // into the ring (Smem: either kernel's layout, with these member names).
+// With Smem::SPLIT_DO (hdim 256's 80-key CTAs) dO has a ring of its own,
+// one slot (do_full, do_empty), freed once dVᵀ has read it, before Q's.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
@@ -123,6 +125,16 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int hea
             const int s = it % BWD_STAGES, m = bwd_walk_block(i, m_begin, m_end, m_first);
             const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
             if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
+            if constexpr (Smem::SPLIT_DO) {
+                mbar_arrive_expect_tx(&sm.full[s], M * D * 2 + 2 * M * 4);
+                bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+                tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
+                tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
+                if (it > 0) mbar_wait_parity(&sm.do_empty, (it - 1) & 1);
+                mbar_arrive_expect_tx(&sm.do_full, M * D * 2);
+                bwd_load_rows<D>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
+                continue;
+            }
             mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
             bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
             bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));

@@ -113,6 +113,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
     k->headdim = d;
+    k->block_n = block_n;
     k->group = pr->heads_q / pr->heads_kv;
     k->rows_pad = rows_pad;
     k->dk = p->dk.data;

@@ -69,6 +69,7 @@ typedef struct fa3c_bwd_kernel_params {
      * the kernel turns them into a band of key - query offsets, BwdSeq). */
     int window_left, window_right;
     int headdim;               /* the tensors' (96 on hdim 128's kernel: dk, dv columns past it are not written) */
+    int block_n;               /* keys per CTA, FA3C_BWD_BLOCK_N: the K/V maps' box rows (the launch checks it) */
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has

@@ -53,7 +53,7 @@ FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 
 // of 64 queries (MN-major A of dQ = dS·K).
 template <int D>
 struct BwdSmem {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
+    enum { M = FA3C_BWD_BLOCK_M(D), SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
     alignas(1024) uint8_t k[BWD_N * D * 2];
     alignas(1024) uint8_t v[BWD_N * D * 2];
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];

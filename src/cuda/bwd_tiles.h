@@ -34,11 +34,19 @@
 #define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
 #define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
+/* hdim 256's keys per CTA: 64, or 80 as FA3 takes them (80: a quarter more
+ * work per step for the same 64 KB of dQ reductions, which fill the L2 at
+ * 64; wgmma N = 40 for S and dP). 80 keys fit in smem with P and dS stored
+ * transposed (80 rows of 64 queries) and one dO stage beside Q's two
+ * (bwd_wide_sm90.cuh). Not GPU-tested yet: 64 until it is. */
+#ifndef FA3C_BWD_HDIM256_BLOCK_N
+#define FA3C_BWD_HDIM256_BLOCK_N 64
+#endif
 /* Keys per CTA: 128 (two consumer warpgroups of 64 key rows each,
  * bwd_sm90.cuh), or 64 at the wide head dims 192 and 256
  * (bwd_wide_sm90.cuh), where dK and dV of 64 keys already take 128 of a
  * consumer thread's registers. */
-#define FA3C_BWD_BLOCK_N(d) ((d) > 128 ? 64 : 128)
+#define FA3C_BWD_BLOCK_N(d) ((d) == 256 ? FA3C_BWD_HDIM256_BLOCK_N : (d) > 128 ? 64 : 128)
 #ifndef FA3C_BWD_STAGES
 #define FA3C_BWD_STAGES 2          /* Q / dO / LSE / dsum slots in the ring */
 #endif

@@ -2,12 +2,14 @@
 // (sm_90a; bf16 / fp16; bwd_tiles.h). The narrow head dims' kernel
 // (bwd_sm90.cuh) keeps 64 keys' dK and dV per warpgroup in registers: at
 // hdim 256 that is 256 registers per thread. Here one CTA owns N = 64 keys
-// of one (batch, K/V head) and walks the query blocks of M = 64 rows that
-// see them, for each query head of the GQA group (bwd_common.cuh):
+// (80 at hdim 256 with FA3C_BWD_HDIM256_BLOCK_N=80: BwdWideSmem's
+// TRANSPOSED and SPLIT_DO forms) of one (batch, K/V head) and walks the
+// query blocks of M = 64 rows that see them, for each query head of the
+// GQA group (bwd_common.cuh):
 //   warpgroup 0  producer: K and V once, then Q, dO, LSE and dsum per step
 //                through a ring of STAGES slots (bwd_producer);
 //   warpgroups 1, 2  consumers. Per query block, warpgroup w:
-//                  S = Q·Kᵀ, dP = dO·Vᵀ for its 32 keys   (wgmma, 64 x 32)
+//                  S = Q·Kᵀ, dP = dO·Vᵀ for its N / 2 keys (wgmma, 64 x N / 2)
 //                  P = exp2(S·scale·log2e - LSE·log2e), masked to 0
 //                  dS = P ⊙ (dP - dsum)
 //                  P and dS to smem (queries x keys), a barrier, then over
@@ -31,14 +33,20 @@
 
 template <int D>
 struct BwdWideSmem {
-    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    enum {
+        M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D),
+        // hdim 256's 80 keys (bwd_tiles.h): P and dS transposed, and one dO
+        // stage (its own ring, bwd_producer), or they would not fit
+        TRANSPOSED = N == 80, SPLIT_DO = N == 80, DO_STAGES = SPLIT_DO ? 1 : BWD_STAGES
+    };
     alignas(1024) uint8_t k[N * D * 2];
     alignas(1024) uint8_t v[N * D * 2];
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
-    alignas(1024) uint8_t dout[BWD_STAGES][M * D * 2];
-    // P and dS, M query rows x N keys (one 128-byte chunk), two buffers
-    // each: both warpgroups read both halves, and one barrier per step
-    // orders step it's writes after step it - 2's reads.
+    alignas(1024) uint8_t dout[DO_STAGES][M * D * 2];
+    // P and dS, M query rows x N keys (one 128-byte chunk), or TRANSPOSED
+    // N key rows x M queries, two buffers each: both warpgroups read both
+    // halves, and one barrier per step orders step it's writes after step
+    // it - 2's reads.
     alignas(1024) uint8_t p[2][M * N * 2];
     alignas(1024) uint8_t ds[2][M * N * 2];
     alignas(128) float lse_log2[BWD_STAGES][M];
@@ -50,6 +58,7 @@ struct BwdWideSmem {
     // tile order for it (bwd_dq_writer), and its barriers (written / read).
     uint64_t dq_full, dq_empty;
     alignas(128) float dq[FA3C_BWD_WRITER_ON(D) ? M * D : 4];
+    uint64_t do_full, do_empty;   // SPLIT_DO: dO's one slot
 };
 
 // What consumer warpgroup WG computes (compile-time, so that its
@@ -57,7 +66,8 @@ struct BwdWideSmem {
 template <int D, int WG>
 struct WideShare {
     enum {
-        KEY0 = 32 * WG,                       // its keys of S, dP, P and dS: [KEY0, KEY0 + 32)
+        NK = FA3C_BWD_BLOCK_N(D) / 2,         // its keys of S, dP, P and dS: [KEY0, KEY0 + NK)
+        KEY0 = NK * WG,
         KV_COL0 = WG == 0 ? 0 : 128,          // its head-dim columns of dK and dV
         KV_TILES = WG == 0 ? 2 : D / 64 - 2,  // ... as 64-column wgmma tiles
         DQ_COL0 = WG == 0 ? 0 : D - 128,      // its head-dim columns of dQ
@@ -67,9 +77,9 @@ struct WideShare {
 
 // ---- GEMMs -------------------------------------------------------------------------
 
-// acc(64 query rows x 32 keys) = X(the Q or dO slot) · Y(keys [key0, +32)
+// acc(64 query rows x NK keys) = X(the Q or dO slot) · Y(keys [key0, +NK)
 // of the K or V tile)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
-template <int D, int FP16>
+template <int D, int FP16, int NK>
 FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *y, int key0) {
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     const uint64_t x_desc = smem_desc_swizzled(smem_addr(x), 16, BWD_ATOM_BYTES, 128);
@@ -77,27 +87,34 @@ FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
-        wgmma_ss<32, FP16>(acc, smem_desc_advance(x_desc, chunk * M * BWD_ROW_BYTES + in_row),
+        wgmma_ss<NK, FP16>(acc, smem_desc_advance(x_desc, chunk * M * BWD_ROW_BYTES + in_row),
                            smem_desc_advance(y_desc, chunk * N * BWD_ROW_BYTES + in_row), kk > 0);
     }
 }
 
-// accᵀ(the warpgroup's head-dim columns x 64 keys) += X(the Q or dO slot:
-// queries x columns)ᵀ · Y(P or dS: queries x keys), both MN-major (the
-// contraction runs over the 64 query rows): one 64 x 64 tile per 64 columns.
+// accᵀ(the warpgroup's head-dim columns x N keys) += X(the Q or dO slot:
+// queries x columns)ᵀ · Y(P or dS: queries x keys), the contraction over the
+// 64 query rows: one 64 x N tile per 64 columns. X is MN-major; Y too as
+// queries x keys, or K-major when TRANSPOSED (a row per key).
 template <int D, int FP16, int WG>
-FA3C_DEVICE void gemm_key_grads(float (*acc)[32], const uint8_t *x, const uint8_t *y) {
+FA3C_DEVICE void gemm_key_grads(float (*acc)[FA3C_BWD_BLOCK_N(D) / 2], const uint8_t *x, const uint8_t *y) {
     typedef WideShare<D, WG> S;
-    enum { M = FA3C_BWD_BLOCK_M(D) };
-    const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D), TRANSPOSED = BwdWideSmem<D>::TRANSPOSED };
+    const uint64_t y_desc = TRANSPOSED ? smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128)
+                                       : smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
     for (int t = 0; t < S::KV_TILES; t++) {
         const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + (S::KV_COL0 / 64 + t) * M * BWD_ROW_BYTES,
                                                    M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
-        for (int kk = 0; kk < M / 16; kk++)
-            wgmma_ss_mn<64, FP16>(acc[t], smem_desc_advance(x_desc, kk * 16 * BWD_ROW_BYTES),
-                                  smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
+        for (int kk = 0; kk < M / 16; kk++) {
+            if constexpr (TRANSPOSED)   // a k-step is 16 queries: 32 bytes of each key's row
+                wgmma_ss_amn<N, FP16>(acc[t], smem_desc_advance(x_desc, kk * 16 * BWD_ROW_BYTES),
+                                      smem_desc_advance(y_desc, kk * 32), 1);
+            else
+                wgmma_ss_mn<64, FP16>(acc[t], smem_desc_advance(x_desc, kk * 16 * BWD_ROW_BYTES),
+                                      smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
+        }
     }
 }
 
@@ -116,9 +133,25 @@ FA3C_DEVICE void gemm_wide_dq(float *dq, const uint8_t *ds, const uint8_t *k) {
                                     smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
 }
 
+// TRANSPOSED: half H of that, columns [DQ_COL0 + 64 H, + 64), from dS as
+// stored (a row per key: MN-major, a k-step is 16 rows). Beside dKᵀ and
+// dVᵀ's 160 registers of 80 keys, a whole 128-column dq does not fit.
+template <int D, int FP16, int WG, int H>
+FA3C_DEVICE void gemm_wide_dq_half(float *dq, const uint8_t *ds, const uint8_t *k) {
+    typedef WideShare<D, WG> S;
+    enum { N = FA3C_BWD_BLOCK_N(D) };
+    const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds), N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + (S::DQ_COL0 / 64 + H) * N * BWD_ROW_BYTES,
+                                               N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+        wgmma_ss_mn<64, FP16>(dq, smem_desc_advance(ds_desc, kk * 16 * BWD_ROW_BYTES),
+                              smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
+}
+
 // ---- element-wise steps ------------------------------------------------------------
 
-// The keys (columns c of the warpgroup's 32, key kc0 + c) that query row
+// The keys (columns c of the warpgroup's NK, key kc0 + c) that query row
 // `query` sees: c >= lo and c <= hi, clamped to [-1, cols] and less
 // 2 quad, as seen_columns (bwd_sm90.cuh) does for key rows. Keys before
 // own_lo (a shifted tile's rows of the block before) and from sk on are
@@ -132,15 +165,15 @@ FA3C_HOST_DEVICE void seen_keys(int query, int own_lo, int sk, int rel_lo, int r
 }
 
 // P and dS of this thread's elements, in place: query rows r0 and r0 + 8
-// (lse, dsum: theirs), key columns 8 j + 2 quad (+1) of the warpgroup's 32.
+// (lse, dsum: theirs), key columns 8 j + 2 quad (+1) of the warpgroup's NK.
 // A pair the mask hides gets a score of -inf (P = 0); its dP is finite (K
 // and V rows outside the keys used are zeros in smem), so its dS is 0.
 // Padding query rows and a shifted tile's shared rows have lse_log2 = +inf.
-template <bool SOFTCAP>
+template <bool SOFTCAP, int NK>
 FA3C_DEVICE void wide_probs_and_grads(float *s, float *dp, const float lse[2], const float dsum[2],
                                       const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NK / 8; j++)
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
@@ -174,6 +207,29 @@ FA3C_DEVICE void store_rows_by_keys(uint8_t *buf, uint32_t (*frag)[4], int warp)
                     frag[kk][2], frag[kk][3]);
 }
 
+// TRANSPOSED: this warp's 16 query rows of P or dS (the accumulator of the
+// warpgroup's NK keys) into the buffer of N key rows x 64 queries, rows
+// [KEY0, KEY0 + NK): 8x8 matrices (key group j, query half r) stored
+// transposed, two key groups per stmatrix (one for an odd last group).
+template <int N, int KEY0, int NK, int FP16>
+FA3C_DEVICE void store_keys_by_rows(uint8_t *buf, const float *x, int warp) {
+    const int lane = threadIdx.x % 32, i = lane / 8;   // the matrix this lane addresses
+    uint32_t r[NK / 8][2];
+#pragma unroll
+    for (int j = 0; j < NK / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            r[j][h] = FP16 ? pack_f16x2(x[4 * j + 2 * h], x[4 * j + 2 * h + 1])
+                           : pack_bf16x2(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]);
+#pragma unroll
+    for (int j = 0; j < NK / 8; j += 2) {
+        const int key = (int)opaque_u32(KEY0 + 8 * (j + i / 2) + lane % 8);
+        uint8_t *row = swizzled_unit<128>(buf, N, key, 2 * warp + i % 2);
+        if (j + 1 < NK / 8) stmatrix_x4_trans(row, r[j][0], r[j][1], r[j + 1][0], r[j + 1][1]);
+        else stmatrix_x2_trans(row, r[j][0], r[j][1]);
+    }
+}
+
 // Where this thread's float4 j of its dq (the warpgroup's DQ_N columns of
 // the 64 query rows, in the wgmma accumulator's order) goes in a block's
 // tile (tile order, fa3c_bwd_dq_tile_offset), from the tile's start: a
@@ -192,6 +248,14 @@ FA3C_DEVICE void add_wide_dq(float *tile, const float *dq) {
         red_add_f32x4(tile + wide_dq_offset<D, WG>(j), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
 }
 
+// TRANSPOSED: half H of it (gemm_wide_dq_half's 64 columns).
+template <int D, int WG, int H>
+FA3C_DEVICE void add_wide_dq_half(float *tile, const float *dq) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        red_add_f32x4(tile + wide_dq_offset<D, WG>(8 * H + j), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+}
+
 // With the writer: the same into sm.dq (the writer's buffer; the
 // caller waited for it to be free), then this warp's arrival on dq_full.
 template <int D, int WG>
@@ -205,16 +269,18 @@ FA3C_DEVICE void put_wide_dq(float *buf, uint64_t *dq_full, const float *dq) {
 }
 
 // accᵀ (head-dim columns x keys) * scale to `out` (16-bit; element strides,
-// all even): keys in [own_lo, sk_stored) of the tile's 64 (from k_start),
+// all even): keys in [own_lo, sk_stored) of the tile's N (from k_start),
 // at token tok0 + key (packed sequences: `batch` is 0 then).
 template <int D, int FP16, int WG>
-FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc)[32], float scale, int batch,
-                                   int head_kv, int tok0, int k_start, int own_lo, int sk_stored) {
+FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc)[FA3C_BWD_BLOCK_N(D) / 2],
+                                   float scale, int batch, int head_kv, int tok0, int k_start, int own_lo,
+                                   int sk_stored) {
     typedef WideShare<D, WG> S;
+    enum { N = FA3C_BWD_BLOCK_N(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, quad = lane % 4;
     uint16_t *base = (uint16_t *)out + batch * stride[0] + head_kv * stride[2];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < N / 8; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int key = k_start + 8 * j + 2 * quad + e;
@@ -237,32 +303,37 @@ template <int D, int FP16, int WG, bool SOFTCAP>
 FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<D> &sm, int n_block, int head_kv,
                                    int batch) {
     typedef WideShare<D, WG> S;
+    typedef BwdWideSmem<D> Smem;
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    float dk[S::KV_TILES][32], dv[S::KV_TILES][32];
+    float dk[S::KV_TILES][N / 2], dv[S::KV_TILES][N / 2];
 #pragma unroll
     for (int t = 0; t < S::KV_TILES; t++)
 #pragma unroll
-        for (int i = 0; i < 32; i++) dk[t][i] = dv[t][i] = 0.f;
+        for (int i = 0; i < N / 2; i++) dk[t][i] = dv[t][i] = 0.f;
     if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
         mbar_wait_parity(&sm.kv_full, 0);
         if (p.seqused_k || p.cu_seqlens_k) {   // both warpgroups' zeros before any wgmma reads the tiles
-            zero_unused_key_rows<D, N>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), S::KEY0, 32);
+            zero_unused_key_rows<D, N>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), S::KEY0, S::NK);
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         }
     }
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
     int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     for (int it = 0; it < steps; it++) {
-        const int s = it % BWD_STAGES;
+        const int s = it % BWD_STAGES, s_do = Smem::SPLIT_DO ? 0 : s;
         mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
 
-        // S and dP for this warpgroup's 32 keys, two commit groups.
-        float st[16], dpt[16];
+        // S and dP for this warpgroup's NK keys, two commit groups.
+        float st[S::NK / 2], dpt[S::NK / 2];
         wgmma_fence();
-        gemm_rows_by_keys<D, FP16>(st, sm.q[s], sm.k, S::KEY0);
+        gemm_rows_by_keys<D, FP16, S::NK>(st, sm.q[s], sm.k, S::KEY0);
         wgmma_commit();
-        gemm_rows_by_keys<D, FP16>(dpt, sm.dout[s], sm.v, S::KEY0);
+        if constexpr (Smem::SPLIT_DO) {   // dO has a ring of its own
+            mbar_wait_parity(&sm.do_full, it & 1);
+            wgmma_fence();
+        }
+        gemm_rows_by_keys<D, FP16, S::NK>(dpt, sm.dout[s_do], sm.v, S::KEY0);
         wgmma_commit();
 
         // This thread's query rows: their LSE, dsum and the keys they see.
@@ -275,51 +346,98 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             lse[r] = __int_as_float(ld_shared_s32(smem_addr(&sm.lse_log2[s][row0 + 8 * r])));
             dsum[r] = __int_as_float(ld_shared_s32(smem_addr(&sm.dsum[s][row0 + 8 * r])));
             seen_keys(q0 + row0 + 8 * r, n_block * N, BWD_SEQ(sm, sk), rel_lo, BWD_SEQ(sm, rel_hi),
-                      BWD_SEQ(sm, k_start) + S::KEY0, 32, lane % 4, lo[r], hi[r]);
+                      BWD_SEQ(sm, k_start) + S::KEY0, S::NK, lane % 4, lo[r], hi[r]);
         }
         wgmma_wait<0>();
-        bwd_fence_regs<16>(st);
-        bwd_fence_regs<16>(dpt);
-        wide_probs_and_grads<SOFTCAP>(st, dpt, lse, dsum, p, lo, hi);
+        bwd_fence_regs<S::NK / 2>(st);
+        bwd_fence_regs<S::NK / 2>(dpt);
+        wide_probs_and_grads<SOFTCAP, S::NK>(st, dpt, lse, dsum, p, lo, hi);
 
         // P and dS to smem; the barrier: both warpgroups' halves are there
         // (and step it - 2's buffers are read: each warpgroup waited for its
         // GEMMs before it came to the barrier of step it - 1).
-        uint32_t p_frag[2][4], ds_frag[2][4];
-        probs_to_fragments<32, FP16>(st, p_frag);
-        probs_to_fragments<32, FP16>(dpt, ds_frag);
-        store_rows_by_keys<S::KEY0>(sm.p[it % 2], p_frag, warp);
-        store_rows_by_keys<S::KEY0>(sm.ds[it % 2], ds_frag, warp);
+        if constexpr (Smem::TRANSPOSED) {
+            store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.p[it % 2], st, warp);
+            store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.ds[it % 2], dpt, warp);
+        } else {
+            uint32_t p_frag[2][4], ds_frag[2][4];
+            probs_to_fragments<32, FP16>(st, p_frag);
+            probs_to_fragments<32, FP16>(dpt, ds_frag);
+            store_rows_by_keys<S::KEY0>(sm.p[it % 2], p_frag, warp);
+            store_rows_by_keys<S::KEY0>(sm.ds[it % 2], ds_frag, warp);
+        }
         fence_proxy_async_smem();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
 
-        // dQ first, added while dVᵀ and dKᵀ run.
-        float dq[S::DQ_N / 2];
-        wgmma_fence();
-        gemm_wide_dq<D, FP16, WG>(dq, sm.ds[it % 2], sm.k);
-        wgmma_commit();
-        gemm_key_grads<D, FP16, WG>(dv, sm.dout[s], sm.p[it % 2]);
-        gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
-        wgmma_commit();
-        wgmma_wait<1>();
-        bwd_fence_regs<S::DQ_N / 2>(dq);
-        float *tile = bwd_dq_tile<D>(p, batch, head, m);
-        if (p.dq_semaphore) {   // deterministic: the key blocks that see block m add in turn (add_dq_in_turn)
-            int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
+        if constexpr (Smem::TRANSPOSED) {
+            // dQ in two halves: half 0, dVᵀ; half 0 added while dVᵀ runs;
+            // half 1, dKᵀ; half 1 added while dKᵀ runs. dO's slot is freed
+            // once dVᵀ is done, Q's once dKᵀ is. Deterministic: both halves
+            // in one turn (add_dq_in_turn's protocol).
+            float *tile = bwd_dq_tile<D>(p, batch, head, m);
+            int *sem = p.dq_semaphore ? p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m
+                                      : nullptr;
             const bool leader = threadIdx.x == 128;
-            if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
-            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-            add_wide_dq<D, WG>(tile, dq);
-            named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-            if (leader) {
-                __threadfence();
-                red_release_gpu_add(sem, 1);
+            float dq[32];
+            wgmma_fence();
+            gemm_wide_dq_half<D, FP16, WG, 0>(dq, sm.ds[it % 2], sm.k);
+            wgmma_commit();
+            gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
+            wgmma_commit();
+            wgmma_wait<1>();
+            bwd_fence_regs<32>(dq);
+            if (sem) {
+                if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
+                named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
             }
-        } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
-            if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
-            put_wide_dq<D, WG>(sm.dq, &sm.dq_full, dq);
+            add_wide_dq_half<D, WG, 0>(tile, dq);
+            wgmma_fence();
+            gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);
+            wgmma_commit();
+            gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+            wgmma_commit();
+            wgmma_wait<2>();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&sm.do_empty);
+            wgmma_wait<1>();
+            bwd_fence_regs<32>(dq);
+            add_wide_dq_half<D, WG, 1>(tile, dq);
+            if (sem) {
+                named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+                if (leader) {
+                    __threadfence();
+                    red_release_gpu_add(sem, 1);
+                }
+            }
         } else {
-            add_wide_dq<D, WG>(tile, dq);
+            // dQ first, added while dVᵀ and dKᵀ run.
+            float dq[S::DQ_N / 2];
+            wgmma_fence();
+            gemm_wide_dq<D, FP16, WG>(dq, sm.ds[it % 2], sm.k);
+            wgmma_commit();
+            gemm_key_grads<D, FP16, WG>(dv, sm.dout[s], sm.p[it % 2]);
+            gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+            wgmma_commit();
+            wgmma_wait<1>();
+            bwd_fence_regs<S::DQ_N / 2>(dq);
+            float *tile = bwd_dq_tile<D>(p, batch, head, m);
+            if (p.dq_semaphore) {   // deterministic: the key blocks that see block m add in turn (add_dq_in_turn)
+                int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
+                const bool leader = threadIdx.x == 128;
+                if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
+                named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+                add_wide_dq<D, WG>(tile, dq);
+                named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
+                if (leader) {
+                    __threadfence();
+                    red_release_gpu_add(sem, 1);
+                }
+            } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
+                if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
+                put_wide_dq<D, WG>(sm.dq, &sm.dq_full, dq);
+            } else {
+                add_wide_dq<D, WG>(tile, dq);
+            }
         }
 
         // dVᵀ and dKᵀ have read dO and Q: the slot is free.
@@ -331,8 +449,8 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
     }
 #pragma unroll
     for (int t = 0; t < S::KV_TILES; t++) {
-        bwd_fence_regs<32>(dk[t]);
-        bwd_fence_regs<32>(dv[t]);
+        bwd_fence_regs<N / 2>(dk[t]);
+        bwd_fence_regs<N / 2>(dv[t]);
     }
     const int k_start = BWD_SEQ(sm, k_start), own_lo = n_block * N, sk_stored = BWD_SEQ(sm, sk_stored);
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
@@ -350,7 +468,7 @@ FA3C_DEVICE void bwd_wide_consumer_of(const fa3c_bwd_kernel_params &p, BwdWideSm
 
 // ---- the kernel --------------------------------------------------------------------
 
-// Grid: (key blocks of 64 of the longest sequence, heads_kv, batch).
+// Grid: (key blocks of N of the longest sequence, heads_kv, batch).
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 192 || D == 256, "the wide backward: head dims 192 and 256");
@@ -366,6 +484,10 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
         if (FA3C_BWD_WRITER_ON(D)) {
             mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
             mbar_init(&sm.dq_empty, 1);                       // the writer
+        }
+        if (BwdWideSmem<D>::SPLIT_DO) {
+            mbar_init(&sm.do_full, 1);
+            mbar_init(&sm.do_empty, 4 * FA3C_BWD_CONSUMERS);
         }
         fence_barrier_init();
     }

@@ -175,6 +175,20 @@ FA3C_DEVICE void stmatrix_x4(void *row_addr, uint32_t r0, uint32_t r1, uint32_t 
                  : "memory");
 }
 
+// The same, each matrix stored transposed: lane t gives the address of
+// memory row t % 8 of matrix t / 8, which receives column t % 8 of the
+// registers' matrix (x4: four matrices; x2: two, addresses from lanes 0-15).
+FA3C_DEVICE void stmatrix_x4_trans(void *row_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 ::"r"(smem_addr(row_addr)), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+FA3C_DEVICE void stmatrix_x2_trans(void *row_addr, uint32_t r0, uint32_t r1) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};"
+                 ::"r"(smem_addr(row_addr)), "r"(r0), "r"(r1)
+                 : "memory");
+}
+
 // Four 8x8 matrices of 16-bit elements from smem to the registers of a warp:
 // lane t gives the address of row t % 8 of matrix t / 8, and register i of
 // lane t receives row t / 4, columns 2 (t % 4) and +1 of matrix i.

@@ -50,7 +50,7 @@ static int count_pair(int *count, int sk_stored, int q, int key, int own_q_lo, i
 
 // One sequence of the backward: sq queries, sk_stored keys of which sk used,
 // query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128) and key blocks
-// of block_n (128, or 64 for the wide kernel, wide = 1). Walks what the CTAs
+// of block_n (128, or 64 and 80 for the wide kernel, wide = 1). Walks what the CTAs
 // of its key blocks would (staggered, as with the first-write flags:
 // bwd_walk_start), and counts each (query, key) pair they see; returns the
 // number of errors.
@@ -101,12 +101,12 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
                     }
                     continue;
                 }
-                for (int wg = 0; wg < 2; wg++)   // the warpgroups' 32 keys each
+                for (int wg = 0; wg < 2; wg++)   // the warpgroups' block_n / 2 keys each
                     for (int row = 0; row < block_m; row++) {   // every query row
                         int lo, hi;
-                        const int q = q0 + row, kc0 = seq.k_start + 32 * wg;
-                        seen_keys(q, n * block_n, seq.sk, seq.rel_lo, seq.rel_hi, kc0, 32, quad, lo, hi);
-                        for (int j = 0; j < 4; j++)
+                        const int nk = block_n / 2, q = q0 + row, kc0 = seq.k_start + nk * wg;
+                        seen_keys(q, n * block_n, seq.sk, seq.rel_lo, seq.rel_hi, kc0, nk, quad, lo, hi);
+                        for (int j = 0; j < nk / 8; j++)
                             for (int e = 0; e < 2; e++)
                                 errors += count_pair(count, sk_stored, q, kc0 + 8 * j + 2 * quad + e, m * block_m,
                                                      seq.sq, 8 * j + e >= lo && 8 * j + e <= hi);
@@ -158,11 +158,11 @@ TEST(bwd_walk_sees_each_pair_once) {
             for (int w = 0; w < 7; w++)
                 for (int packed = 0; packed < 2; packed++)
                     for (int used = 0; used < 2; used++)
-                        for (int kind = 0; kind < 3; kind++) {   // hdim 128's, hdim 64's, the wide kernel's
+                        for (int kind = 0; kind < 4; kind++) {   // hdim 128's, hdim 64's, the wide kernel's 64 and 80 keys
                             const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
-                            const int block_m = kind == 1 ? 128 : 64, block_n = kind == 2 ? 64 : 128;
+                            const int block_m = kind == 1 ? 128 : 64, block_n = kind == 2 ? 64 : kind == 3 ? 80 : 128;
                             errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2],
-                                                         packed, block_m, block_n, kind == 2);
+                                                         packed, block_m, block_n, kind >= 2);
                             cases++;
                         }
     printf("  %d shapes (lengths x masks x packed x seqused_k x kernel tile)\n", cases);
@@ -220,7 +220,7 @@ TEST(bwd_dq_tile_order) {
 TEST(bwd_packed_tiles_stay_inside) {
     int errors = 0;
     for (int len = 1; len < 400; len++)
-        for (int rows = 64; rows <= 128; rows += 64)
+        for (int rows = 64; rows <= 128; rows += 16)   // 64 and 128 rows, 64 / 80 / 128 keys
             for (int block = 0; block * rows < len; block++) {
                 const int start = fa3c_bwd_rows_start(block, rows, len, 1);
                 // ends by the sequence's end, covers the block's first row, and starts
