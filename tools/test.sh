@@ -39,7 +39,7 @@ fi
 # recompiles less). ptxas_clean [LOG] (default build/build.log).
 ptxas_clean() {
     local log=${1:-build/build.log}
-    local lib='[0-9](fwd_kernel|bwd_kernel|fwd_fp8_kernel|bwd_prep_kernel|bwd_dq_kernel|fp8_transpose_v_kernel|fwd_combine_kernel)'
+    local lib='[0-9](fwd_kernel|bwd_kernel|bwd_wide_kernel|fwd_fp8_kernel|bwd_prep_kernel|bwd_dq_kernel|bwd_dsinks_kernel|fp8_transpose_v_kernel|fwd_combine_kernel|append_kernel|quantize_amax_kernel|quantize_write_kernel)'
     local bad
     bad=$(awk -v lib="$lib" '
         /Compiling entry function|Function properties for/ { fn = $0 }

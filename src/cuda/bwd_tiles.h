@@ -42,6 +42,9 @@
 #ifndef FA3C_BWD_HDIM256_BLOCK_N
 #define FA3C_BWD_HDIM256_BLOCK_N 64
 #endif
+#if FA3C_BWD_HDIM256_BLOCK_N != 64 && FA3C_BWD_HDIM256_BLOCK_N != 80
+#error "FA3C_BWD_HDIM256_BLOCK_N: 64 or 80 (the wide kernel has no other form)"
+#endif
 /* Keys per CTA: 128 (two consumer warpgroups of 64 key rows each,
  * bwd_sm90.cuh), or 64 at the wide head dims 192 and 256
  * (bwd_wide_sm90.cuh), where dK and dV of 64 keys already take 128 of a
