@@ -1,6 +1,6 @@
 /* The fp8 (e4m3) forward's host side: what it supports, the V transpose's
  * scratch, and the two launches (fp8_prep.cu, fwd_fp8_sm90.cuh) on the
- * caller's stream. backend.c hands E4M3 calls here. A build configured with
+ * caller's stream. fwd_host.c hands E4M3 calls here. A build configured with
  * -DFA3C_CUDA_FP8=OFF leaves the kernels unused: an E4M3 call on the CUDA
  * backend then says NOT_SUPPORTED. */
 #include <cuda_runtime_api.h>

@@ -1,4 +1,4 @@
-/* The fp8 (e4m3) forward on the CUDA backend (fp8_host.c); backend.c hands
+/* The fp8 (e4m3) forward on the CUDA backend (fp8_host.c); fwd_host.c hands
  * E4M3 calls here. */
 #ifndef FA3C_FP8_HOST_H
 #define FA3C_FP8_HOST_H

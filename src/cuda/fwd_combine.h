@@ -5,7 +5,7 @@
 #include "fa3c.h"
 #include "fwd_params.h"
 
-/* The most splits a call uses (backend.c); the combine keeps one weight per split in smem. */
+/* The most splits a call uses (fwd_host.c); the combine keeps one weight per split in smem. */
 #define FA3C_MAX_SPLITS 128
 
 #ifdef __cplusplus

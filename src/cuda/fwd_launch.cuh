@@ -82,7 +82,7 @@ template <int D, int BLOCK_N, int FP16, bool VARLEN>
 static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stream) {
     size_t smem = fwd_smem_bytes<D, BLOCK_N>();
     // p->grid (fwd_plan.c): persistent, one CTA per SM walks the tiles; else one CTA per tile.
-    // The plan (C, backend.c) and the kernel (CUDA) must agree on clusters:
+    // The plan (C, fwd_host.c) and the kernel (CUDA) must agree on clusters:
     // a pairing plan on an unpaired kernel would wait for half-loaded tiles.
     if (p->cluster > FA3C_FWD_CLUSTER)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "forward kernel (hdim %d): the plan pairs CTAs but this instance "
@@ -108,7 +108,7 @@ static fa3c_status launch_fwd(const fa3c_fwd_kernel_params *p, cudaStream_t stre
 // BLOCK_N: keys per tile (FA3C_FWD_BLOCK_N(D), fwd_tiles.h). VARLEN: 1 for
 // the variable-length instance (p->seqused_k; fwd_sm90.cuh). NAME_cluster:
 // the most CTAs per cluster this translation unit was built for
-// (FA3C_FWD_CLUSTER here), which backend.c's plan reads, so that plan and
+// (FA3C_FWD_CLUSTER here), which fwd_host.c's plan reads, so that plan and
 // kernel agree by construction.
 #define FA3C_FWD_INSTANCE(NAME, D, BLOCK_N, FP16, VARLEN)                                      \
     extern "C" fa3c_status NAME(const fa3c_fwd_kernel_params *p, void *stream) {               \

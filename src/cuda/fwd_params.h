@@ -1,5 +1,5 @@
 /* The forward kernel's parameters: one POD struct, filled on the host by
- * src/cuda/backend.c and passed by value (__grid_constant__) so the TMA
+ * src/cuda/fwd_host.c and passed by value (__grid_constant__) so the TMA
  * descriptors inside it live in parameter space, as TMA requires. */
 #ifndef FA3C_FWD_PARAMS_H
 #define FA3C_FWD_PARAMS_H
@@ -43,7 +43,7 @@ typedef struct fa3c_fwd_kernel_params {
     float *o_partial, *lse_partial;
     int section_heads;                 /* (batch, group) pairs per L2 section of the tile order (scheduler.cuh) */
     /* The tile order's constants and divisors, computed once on the host
-     * (backend.c, fill_schedule): the scheduler runs per tile, on the
+     * (fwd_host.c, fill_schedule): the scheduler runs per tile, on the
      * critical path between two tiles. */
     fa3c_fast_div div_splits;          /* num_splits */
     fa3c_fast_div div_pack;            /* pack */
@@ -83,7 +83,7 @@ typedef struct fa3c_fwd_kernel_params {
      * are BLOCK_N / 2 rows). num_m_blocks and num_tiles count cluster tiles,
      * grid counts CTAs. */
     int cluster;
-    /* Variable-length instances (the kernel's VARLEN, backend.c): keys used
+    /* Variable-length instances (the kernel's VARLEN, fwd_host.c): keys used
      * per sequence, batch int32 in device memory (NULL = seqlen_k each);
      * seqlen_k is the most any may use (the K/V tensors' length). The keys
      * past a sequence's count may hold anything, NaN included: they are

@@ -27,7 +27,7 @@ typedef struct fa3c_fwd_plan_facts {
 
 /* Paged KV: the rows of each K/V box, gcd(block_n, page_size): a box must
  * lie inside one page, and start on a 128-byte boundary of the slot (TMA),
- * which the caller checks (backend.c: any page size for 128-byte rows, an
+ * which the caller checks (fwd_host.c: any page size for 128-byte rows, an
  * even one for hdim 96's 64-byte rows). */
 int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n);
 

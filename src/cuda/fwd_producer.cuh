@@ -73,7 +73,7 @@ FA3C_DEVICE int page_of_key(const fa3c_fwd_kernel_params &p, const FwdTile &t, i
 // Paged KV (p.page_table; variable-length instances): key block n of tile
 // t's sequence from its pages, as boxes of p.page_rows rows, each inside one
 // page (page_rows divides both BLOCK_N and page_size). Each box starts on a
-// 128-byte boundary of the slot, as TMA requires (backend.c). TMA swizzles
+// 128-byte boundary of the slot, as TMA requires (fwd_host.c). TMA swizzles
 // by the smem address (the PTX ISA's swizzle base offset, (dstMem / 128) %
 // 8), so boxes that start inside an 8-row swizzle atom (pages of fewer than
 // 8 keys, or of 12, 20, ...) land where one box of the same rows would put

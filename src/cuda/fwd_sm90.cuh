@@ -48,7 +48,7 @@ struct RegBudget {
 };
 
 // VARLEN: the variable-length instance of the head dim and dtype (sequences
-// with their own number of keys, p.seqused_k, or paged KV; backend.c picks it).
+// with their own number of keys, p.seqused_k, or paged KV; fwd_host.c picks it).
 template <int D, int BLOCK_N, int FP16, bool VARLEN>
 __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __grid_constant__ fa3c_fwd_kernel_params p) {
     enum { STAGES = FA3C_FWD_STAGES(D) };

@@ -220,7 +220,7 @@
 #endif
 
 /* hdim 256 under a causal mask (a right bound) with seqlen_k <= this: key
- * blocks of 64 (instances *_hdim256_n64, backend.c), where the 80-key
+ * blocks of 64 (instances *_hdim256_n64, fwd_host.c), where the 80-key
  * blocks leave the last block of short rows partly empty (512 keys are 6.4
  * blocks of 80). 64 keys win under a causal mask up to 1k keys, tie or lose
  * beyond, and lose without a mask (docs/KNOBS.md). 0: never. */

@@ -5,7 +5,7 @@
 // Tile numbering (tile_at): the (batch, head) pairs (batch, group with GQA
 // packing; the splits of split-KV innermost) are cut into L2
 // sections of p.section_heads pairs, whose K and V fit in a part of the L2
-// together (chosen on the host, backend.c). Tiles are numbered section by
+// together (chosen on the host, fwd_host.c). Tiles are numbered section by
 // section; inside a section longest first: the last row block of every pair,
 // then the one before, ... (under causal masking the last rows see the most
 // keys; there the partial row block, if any, is the first one: p.m_shift).

@@ -3,7 +3,7 @@
 # Each instance is one kernel in its own translation unit, written into the
 # build folder (fa3c_inst/) from the rows below, and listed in the generated
 # header fa3c_inst/built_instances.h, from which the host code builds its
-# tables (backend.c, bwd_host.c, fp8_host.c) and declares the launchers.
+# tables (fwd_host.c, bwd_host.c, fp8_host.c) and declares the launchers.
 # Adding a head dim or dtype is a row here plus its tiles (fwd_tiles.h,
 # bwd_tiles.h, fp8_params.h).
 #
@@ -66,7 +66,7 @@ foreach(inst ${_fa3c_selected})
   endif()
 endforeach()
 
-set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/backend.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c
+set(FA3C_CUDA_SOURCES ${PROJECT_SOURCE_DIR}/src/cuda/fwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/tensor_map.c
                       ${PROJECT_SOURCE_DIR}/src/cuda/fwd_plan.c ${PROJECT_SOURCE_DIR}/src/cuda/fwd_combine.cu
                       ${PROJECT_SOURCE_DIR}/src/cuda/bwd_host.c ${PROJECT_SOURCE_DIR}/src/cuda/bwd_prep.cu
                       ${PROJECT_SOURCE_DIR}/src/cuda/fp8_host.c ${PROJECT_SOURCE_DIR}/src/cuda/fp8_prep.cu

@@ -289,7 +289,7 @@ static void run_case(const char *label, fwd_case c) {
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
-        if (ps) {   // the path backend.c chose: cp.async copies for boxes under FA3C_FWD_PAGED_COPY_BELOW rows
+        if (ps) {   // the path fwd_host.c chose: cp.async copies for boxes under FA3C_FWD_PAGED_COPY_BELOW rows
             int box = fa3c_fwd_plan_page_rows(&g.problem, fa3c_cuda_fwd_block_n(&g.problem));
             int want = box < FA3C_FWD_PAGED_COPY_BELOW && FA3C_FWD_PAGED_COPY_FITS(D);
             if (run == 0) printf("    paged K/V %s\n", fa3c_cuda_fwd_last_paged_copies() ? "copied (cp.async)" : "as TMA boxes");
@@ -554,7 +554,7 @@ TEST(fwd_packed_qkv) {
 TEST(fwd_l2_sections) {
     REQUIRE_SM90();
     // K and V of one head take 4 * 12000 * 128 B = 6 MB, so with a 50-60 MB L2
-    // the tile order has sections of 2 (batch, head) pairs (backend.c): 3 pairs
+    // the tile order has sections of 2 (batch, head) pairs (fwd_host.c): 3 pairs
     // give a full section and a narrower last one.
     fwd_case c = base_case(BF16, 1, 300, 12000, 3, 128);
     run_case("l2 sections", c);
@@ -718,7 +718,7 @@ TEST(fwd_hdim96_and_192) {
     run_case("hdim192 fp16", base_case(FP16, 1, 257, 257, 2, 192));
 }
 
-// GQA packing (backend.c: the query heads of a KV head share a tile when
+// GQA packing (fwd_host.c: the query heads of a KV head share a tile when
 // seqlen_q is short): the 5-D Q box, row -> (query, head) in the mask and
 // the epilogue, and a consumer warpgroup with no real rows (idle).
 TEST(fwd_gqa_packed_decode) {

@@ -370,7 +370,7 @@ static int check_plan(const plan_case *c, int *packed_splits = NULL) {
 
 // The instance table's choice for hdim 256: 64-key blocks under a causal
 // mask (or any right bound) up to FA3C_FWD_SHORT_CAUSAL_KEYS_256 keys, the
-// main 80-key instance otherwise (backend.c, find_fwd).
+// main 80-key instance otherwise (fwd_host.c, find_fwd).
 TEST(instance_choice_hdim256_short_causal) {
     fa3c_problem pr;
     memset(&pr, 0, sizeof pr);

@@ -1,6 +1,6 @@
-/* The CUDA backend's host side: what it supports, and turning validated
- * fa3c_fwd_params into kernel parameters (TMA descriptors, softmax
- * constants) and a launch of the right instance. */
+/* The CUDA backend's forward, host side (fa3c_cuda_fwd; bwd_host.c and fp8_host.c are the
+ * backward's and fp8's): what it supports, and turning validated fa3c_fwd_params into kernel
+ * parameters (TMA descriptors, softmax constants) and a launch of the right instance. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
