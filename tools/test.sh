@@ -64,7 +64,7 @@ knob_build() {
         (cd build-knobs && ctest --output-on-failure --no-tests=error -R 'cpu_kernel_math|bwd_refs_on_cpu' -j2 | tail -3)
 }
 # The late claim of first writes (FA3C_BWD_DQ_CLAIM_EARLY=0: the writer claims a
-# dQ tile after its data; needs the writer, so a build of its own, hdim 128 only),
+# dQ tile after its data; needs the writer, so a build of its own: hdim 128, and 256 below),
 # with the CUDA kernels' attention sinks compiled out (FA3C_CUDA_SINKS=0, on by default),
 # the CUDA quantization on (FA3C_CUDA_QUANTIZE=1, off until GPU-tested) and hdim 256's
 # backward in 80-key CTAs (FA3C_BWD_HDIM256_BLOCK_N=80, 64 until GPU-tested).

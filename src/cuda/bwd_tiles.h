@@ -46,9 +46,9 @@
 #error "FA3C_BWD_HDIM256_BLOCK_N: 64 or 80 (the wide kernel has no other form)"
 #endif
 /* Keys per CTA: 128 (two consumer warpgroups of 64 key rows each,
- * bwd_sm90.cuh), or 64 at the wide head dims 192 and 256
- * (bwd_wide_sm90.cuh), where dK and dV of 64 keys already take 128 of a
- * consumer thread's registers. */
+ * bwd_sm90.cuh), or 64 at the wide head dims 192 and 256 (bwd_wide_sm90.cuh;
+ * 256: FA3C_BWD_HDIM256_BLOCK_N above), where dK and dV of 64 keys already
+ * take 128 of a consumer thread's registers. */
 #define FA3C_BWD_BLOCK_N(d) ((d) == 256 ? FA3C_BWD_HDIM256_BLOCK_N : (d) > 128 ? 64 : 128)
 #ifndef FA3C_BWD_STAGES
 #define FA3C_BWD_STAGES 2          /* Q / dO / LSE / dsum slots in the ring */
