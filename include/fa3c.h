@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 3
+#define FA3C_VERSION_MINOR 4
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -114,6 +114,13 @@ typedef struct fa3c_problem {
      * backends only so far: the CUDA backend returns NOT_SUPPORTED for
      * headdim_v != headdim. */
     int headdim_v;
+    /* Optional (NULL = all): number of queries actually used per sequence
+     * (batch int32, FA3's seqused_q), in the same memory as the tensors.
+     * Sequence b then has min(seqused_q[b], its queries) queries: the causal
+     * diagonal and windows align to that count, out and lse rows past it are
+     * not written, and the backward writes zeros to their dq rows. CPU
+     * backends only so far: the CUDA backend returns NOT_SUPPORTED. */
+    const int32_t *seqused_q;
 } fa3c_problem;
 
 typedef struct fa3c_fwd_params {
@@ -182,7 +189,7 @@ FA3C_API const char *fa3c_status_string(fa3c_status s);
  * "k: stride of dim 3 must be 1 (got 2)"; "" after a successful call. */
 FA3C_API const char *fa3c_last_error(void);
 
-/* "0.3.0" */
+/* "0.4.0" */
 FA3C_API const char *fa3c_version(void);
 
 /* The layout of a public struct as this library was built: with field NULL

@@ -231,6 +231,7 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     k = add_array(m, k, "problem.cu_seqlens_q", pr->cu_seqlens_q, (int64_t)pr->batch + 1, 4, 0);
     k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
     k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
+    k = add_array(m, k, "problem.seqused_q", pr->seqused_q, pr->batch, 4, 0);
     if (pr->page_table && pr->page_size > 0) {   /* rows of page_table_stride, each up to the longest sequence's pages */
         const int64_t per_seq = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
         if (!mul_ok((int64_t)pr->batch - 1, pr->page_table_stride, &pages) || !add_ok(&pages, per_seq))
@@ -318,6 +319,11 @@ static fa3c_status check_host_arrays(const call_desc *c) {
             if (pr->seqused_k[b] < 0 || pr->seqused_k[b] > pr->seqlen_k)
                 return fa3c_error(BAD, "problem.seqused_k[%d]: must be in [0, problem.seqlen_k = %d] (got %d)", b,
                                   pr->seqlen_k, pr->seqused_k[b]);
+    if (pr->seqused_q)
+        for (int b = 0; b < pr->batch; b++)
+            if (pr->seqused_q[b] < 0 || pr->seqused_q[b] > pr->seqlen_q)
+                return fa3c_error(BAD, "problem.seqused_q[%d]: must be in [0, problem.seqlen_q = %d] (got %d)", b,
+                                  pr->seqlen_q, pr->seqused_q[b]);
     if (pr->page_table) {
         /* Only the entries that cover used keys are read; the rest may hold anything (e.g. -1). */
         for (int b = 0; b < pr->batch; b++) {
@@ -561,13 +567,13 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         table = ((int64_t)pr->batch - 1) * pr->page_table_stride +
                 ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
     const int64_t descales = (int64_t)pr->batch * pr->heads_kv;
-    const void *src[7] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
-                          c->descale[0],    c->descale[1],    c->descale[2]};
-    const int64_t count[7] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
-                              descales, descales, descales};
-    void *copy[7] = {0};
+    const void *src[8] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
+                          c->descale[0],    c->descale[1],    c->descale[2], pr->seqused_q};
+    const int64_t count[8] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
+                              descales, descales, descales, pr->batch};
+    void *copy[8] = {0};
     fa3c_status s = FA3C_STATUS_OK;
-    for (int i = 0; i < 7 && s == FA3C_STATUS_OK; i++) {
+    for (int i = 0; i < 8 && s == FA3C_STATUS_OK; i++) {
         if (!src[i] || count[i] <= 0) continue;
         const size_t bytes = (size_t)count[i] * 4;   /* int32 and float32 alike */
         if (!(copy[i] = malloc(bytes)))
@@ -583,12 +589,13 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         if (copy[1]) h.cu_seqlens_k = (const int32_t *)copy[1];
         if (copy[2]) h.seqused_k = (const int32_t *)copy[2];
         if (copy[3]) h.page_table = (const int32_t *)copy[3];
+        if (copy[7]) h.seqused_q = (const int32_t *)copy[7];
         for (int i = 0; i < 3; i++)
             if (copy[4 + i]) hc.descale[i] = (const float *)copy[4 + i];
         s = check_host_arrays(&hc);
         if (s == FA3C_STATUS_OK) s = check_extents(&hc, 1);
     }
-    for (int i = 0; i < 7; i++) free(copy[i]);
+    for (int i = 0; i < 8; i++) free(copy[i]);
     return s;
 }
 
@@ -609,6 +616,7 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
         (s = check_host_array_ptr("problem.cu_seqlens_q", c->pr->cu_seqlens_q, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.cu_seqlens_k", c->pr->cu_seqlens_k, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.seqused_k", c->pr->seqused_k, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.seqused_q", c->pr->seqused_q, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.page_table", c->pr->page_table, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.sinks", c->pr->sinks, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("dsinks", c->dsinks, 4)) != FA3C_STATUS_OK)

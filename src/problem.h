@@ -1,7 +1,7 @@
 /* Host-side helpers that read an fa3c_problem: per-sequence lengths, the
  * mask rule and element addressing. Shared by validation and the CPU backend
  * so that the whole library agrees on one definition of each. Host memory
- * only (cu_seqlens, seqused_k and page_table are dereferenced). */
+ * only (cu_seqlens, seqused_q / _k and page_table are dereferenced). */
 #ifndef FA3C_PROBLEM_H
 #define FA3C_PROBLEM_H
 
@@ -9,8 +9,16 @@
 #include <stdint.h>
 #include "fa3c.h"
 
-static inline int fa3c_seqlen_q_of(const fa3c_problem *pr, int b) {
+/* Queries stored for sequence b (dq rows a backward writes), seqused_q aside. */
+static inline int fa3c_stored_seqlen_q(const fa3c_problem *pr, int b) {
     return pr->cu_seqlens_q ? pr->cu_seqlens_q[b + 1] - pr->cu_seqlens_q[b] : pr->seqlen_q;
+}
+
+/* Queries used: the rows computed, and the count the mask aligns to. */
+static inline int fa3c_seqlen_q_of(const fa3c_problem *pr, int b) {
+    int n = fa3c_stored_seqlen_q(pr, b);
+    if (pr->seqused_q && pr->seqused_q[b] < n) n = pr->seqused_q[b];
+    return n;
 }
 
 static inline int fa3c_seqlen_k_of(const fa3c_problem *pr, int b) {

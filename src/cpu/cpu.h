@@ -16,6 +16,10 @@ extern "C" {
  * against 2x this function's error versus fa3c_cpu_fwd_reference. */
 fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p);
 
+/* dq rows past problem.seqused_q (stored but not used) are zeros: both CPU
+ * backwards call this first. */
+void fa3c_cpu_zero_unused_dq_rows(const fa3c_bwd_params *p);
+
 /* fa3c_hadamard_rotate_f32 on arguments already checked (len a power of two
  * <= 256, signs NULL or +-1): n contiguous rows rotated in place. */
 void fa3c_cpu_hadamard_rows(float *x, int64_t n, int len, const float *signs);

@@ -21,6 +21,7 @@
 #include "backend.h"
 #include "problem.h"
 #include "cpu/convert.h"
+#include "cpu/cpu.h"
 #include "cpu/kernels.h"
 #include "cpu/tile_io.h"
 
@@ -321,6 +322,7 @@ static int setup(bwd_ctx *c) {
 }
 
 fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
+    fa3c_cpu_zero_unused_dq_rows(p);
     bwd_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;

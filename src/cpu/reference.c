@@ -203,7 +203,19 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
  * with sinks, p is softmax([s, sink]) and dsink_h = -Σ_i p_i,sink D_i.
  * One task per (batch, kv head) owns dk/dv of that head, summed over its GQA
  * group, and its heads' shares of dsinks (summed over the batch after). */
+void fa3c_cpu_zero_unused_dq_rows(const fa3c_bwd_params *p) {
+    const fa3c_problem *pr = &p->problem;
+    if (!pr->seqused_q) return;
+    for (int b = 0; b < pr->batch; b++)
+        for (int i = fa3c_seqlen_q_of(pr, b); i < fa3c_stored_seqlen_q(pr, b); i++)
+            for (int h = 0; h < pr->heads_q; h++) {
+                const int64_t o = fa3c_q_offset(pr, &p->dq, b, i, h);
+                for (int c = 0; c < pr->headdim; c++) fa3c_store_f(p->dq.data, pr->dtype, o + c, 0.0f);
+            }
+}
+
 fa3c_status fa3c_cpu_bwd_reference(const fa3c_bwd_params *p) {
+    fa3c_cpu_zero_unused_dq_rows(p);
     const fa3c_problem P = prepared(&p->problem);
     const fa3c_problem *pr = &P;
     const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv;

@@ -143,6 +143,9 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
                           "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");
+    if (pr->seqused_q)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: queries used per sequence run on the CPU "
+                          "backends only so far (pass the used lengths in cu_seqlens_q instead)");
     if (pr->headdim_v && pr->headdim_v != pr->headdim)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
                           "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);

@@ -1354,6 +1354,9 @@ TEST(fwd_not_supported_is_reported) {
     x.v = tu_tensor(buf, B, S, H, 64);
     x.out = tu_tensor(NULL, B, S, H, 64);
     expect_not_supported("headdim_v", x, "headdim_v");
+    x = p;   // queries used per sequence: CPU backends only so far (a device array, past the tensors)
+    x.problem.seqused_q = (const int32_t *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
+    expect_not_supported("seqused_q", x, "seqused_q");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
     int32_t host_arrays[16] = {0, S};   // the rest: page 0
