@@ -219,8 +219,7 @@ FA3C_DEVICE void store_keys_by_rows(uint8_t *buf, const float *x, int warp) {
     for (int j = 0; j < NK / 8; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            r[j][h] = FP16 ? pack_f16x2(x[4 * j + 2 * h], x[4 * j + 2 * h + 1])
-                           : pack_bf16x2(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]);
+            r[j][h] = pack2<FP16>(x[4 * j + 2 * h], x[4 * j + 2 * h + 1]);
 #pragma unroll
     for (int j = 0; j < NK / 8; j += 2) {
         const int key = (int)opaque_u32(KEY0 + 8 * (j + i / 2) + lane % 8);

@@ -27,11 +27,6 @@ FA3C_DEVICE void quad_transpose4(uint32_t v[4], int quad) {
     for (int k = 0; k < 4; k++) v[k] = out[k];
 }
 
-template <int FP16>
-FA3C_DEVICE uint32_t pack2(float lo, float hi) {
-    return FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
-}
-
 // Where the epilogue writes row `row` of a tile: the query and head it
 // stands for (GQA packing), or nothing (past the end, or above row 0: only
 // warpgroups that write nothing have such rows, p.m_shift).

@@ -523,3 +523,8 @@ FA3C_DEVICE uint32_t pack_f16x2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+// Either, by the kernel's 16-bit type (FP16: 1 = fp16, 0 = bf16).
+template <int FP16>
+FA3C_DEVICE uint32_t pack2(float lo, float hi) {
+    return FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
