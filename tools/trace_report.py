@@ -47,7 +47,7 @@ def main():
     steady = {k: [] for k in ("data wait", "turn wait", "issue->S", "softmax", "->PV done", "rescale+cvt", "period")}
     first = {k: [] for k in ("Q+K wait", "turn wait", "issue->S", "softmax+cvt")}
     last = {k: [] for k in ("V wait", "turn wait", "issue->PV", "epilogue", "->next turn")}
-    # The epilogue's parts (TMA-store epilogue): to its entry (stream-K check, O in the V ring: the ring's
+    # The epilogue's parts (TMA-store epilogue): to its entry (O in the V ring: the ring's
     # reads), to a free staging buffer (row sums, 1/sum, log; the previous store's read; a barrier), to O
     # staged (stmatrix, proxy fence, a barrier), to the end (TMA store issue, LSE).
     epi = {k: [] for k in ("->entry", "->stage free", "->staged", "->end")}

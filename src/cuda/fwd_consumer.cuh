@@ -6,7 +6,6 @@
 #include "wgmma.cuh"
 #include "mask.cuh"
 #include "softmax.cuh"
-#include "stream_k.cuh"
 #include "trace.cuh"
 #include "fwd_epilogue.cuh"
 
@@ -231,31 +230,21 @@ FA3C_DEVICE void prepare_scores(float *s, const fa3c_fwd_kernel_params &p, const
 // ---- consumer ------------------------------------------------------------------
 
 // The epilogue of a tile, through the O staging of this build (O_STAGE_*).
-// `ring` is past the tile's last key block; `step` the CTA's step (for the
-// stream-K cut, if any).
+// `ring` is past the tile's last key block.
 template <int D, int BLOCK_N, int STAGES, int FP16, bool VARLEN>
 FA3C_DEVICE void finish_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring,
-                             int step) {
-    // A piece of a stream-K cut tile: the piece that finishes second writes
-    // it. (One structured path for both: an early return for the other made
-    // ptxas move hdim 256's key loop off the uniform datapath.)
-    const TailCut cut = cut_of_step(p, step, KernelCta());
-    const bool writes = cut.part == CUT_NONE ||
-                        meet_other_piece<D, FA3C_FWD_CONSUMERS(D)>(p, cut, o, st, consumer_index,
-                                                                   &sm.tail_ticket[consumer_index],
-                                                                   BAR_EPILOGUE_WG0 + consumer_index);
+                             float *o, SoftmaxState &st, int row0, int quad, int consumer_index, int ring) {
     uint8_t *stage = o_staging(sm, consumer_index, ring);
     if (FwdSmem<D, BLOCK_N, STAGES>::O_PLACE != O_STAGE_IN_V) {
-        if (writes) epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, stage, consumer_index, ring);
+        epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, stage, consumer_index, ring);
         return;
     }
     // O staged in the V ring: once every consumer has read the ring, and only
     // where the epilogue stages (not for split-KV partials or register stores).
-    bool staged = writes && p.out_tma && p.num_splits == 1;
+    bool staged = p.out_tma && p.num_splits == 1;
     if constexpr (VARLEN) staged = staged && o_box_allowed<VARLEN>(p, t, consumer_index);
     if (staged) wait_v_ring_read<D, STAGES>(sm.v_empty, ring, consumer_index);
-    if (writes) epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
+    epilogue<D, FP16, VARLEN>(p, t, o, st, row0, quad, staged ? stage : nullptr, consumer_index, ring);
     release_o_staging(&sm.o_free, staged, cluster_size(p));
 }
 
@@ -302,10 +291,10 @@ FA3C_DEVICE bool softmax_of_block(float *s, SoftmaxState &st, float rescale[2], 
 // same number of turns per tile (one per key block, plus one). SKIP_MASKED:
 // the leading key blocks masked for all of this warpgroup's rows are skipped
 // (their turns taken empty), and its own unmasked range is used. VARLEN: the
-// variable-length instances (tile_of_step_at, v_guard).
+// variable-length instances (this_cta_tile, v_guard).
 template <int D, int BLOCK_N, int STAGES, int FP16, int SKIP_MASKED, bool VARLEN>
 FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm, const FwdTile &t,
-                               int consumer_index, int &ring, uint32_t q_phase, int step) {
+                               int consumer_index, int &ring, uint32_t q_phase) {
     enum {
         UNDER_PV = FA3C_FWD_SOFTMAX_UNDER_PV_D(D),
         Q_REGS = q_in_regs<D>()
@@ -405,7 +394,7 @@ FA3C_DEVICE void consumer_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK
     fence_regs<D / 2>(o);
     trace(consumer_index, ring, TR_LAST_PV_DONE);
     release_kv(&sm.v_empty[last], cluster_size(p));
-    finish_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, o, st, row0, quad, consumer_index, ring, step);
+    finish_tile<D, BLOCK_N, STAGES, FP16, VARLEN>(p, sm, t, o, st, row0, quad, consumer_index, ring);
     trace(consumer_index, ring, TR_TILE_END);
 }
 
@@ -449,7 +438,7 @@ FA3C_DEVICE void write_empty_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BL
 // and writes its rows from 0 on.
 template <int D, int BLOCK_N, int STAGES, int FP16>
 FA3C_DEVICE void consumer_varlen_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm,
-                                      const FwdTile &t, int consumer_index, int &ring, int &q_uses, int step) {
+                                      const FwdTile &t, int consumer_index, int &ring, int &q_uses) {
     if (tile_is_void<true>(t, FA3C_FWD_BLOCK_M(D))) return;
     const int wg_m0 = t.m0 + consumer_index * 64;
     if (tile_is_empty(t)) {
@@ -457,9 +446,9 @@ FA3C_DEVICE void consumer_varlen_tile(const fa3c_fwd_kernel_params &p, FwdSmem<D
     } else if (wg_m0 + 64 <= 0 || wg_m0 >= t.rows) {   // no row of the sequence: idle
         idle_consumer_tile<D, BLOCK_N, STAGES, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
     } else if (p.window_right >= 0) {
-        consumer_tile<D, BLOCK_N, STAGES, FP16, 1, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+        consumer_tile<D, BLOCK_N, STAGES, FP16, 1, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
     } else {
-        consumer_tile<D, BLOCK_N, STAGES, FP16, 0, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++), step);
+        consumer_tile<D, BLOCK_N, STAGES, FP16, 0, true>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
     }
 }
 
@@ -470,9 +459,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     if (consumer_index == CONSUMERS - 1) pass_turn<CONSUMERS>(consumer_index);   // warpgroup 0 goes first
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
+        FwdTile t = this_cta_tile<D, BLOCK_N, VARLEN>(p, tile);
         if constexpr (VARLEN) {   // (a separate path: the fixed-length code stays as it was, byte for byte)
-            consumer_varlen_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_uses, step);
+            consumer_varlen_tile<D, BLOCK_N, STAGES, FP16>(p, sm, t, consumer_index, ring, q_uses);
             continue;
         }
         // This warpgroup's first row; < 0: all its rows are above row 0 (p.m_shift), none to write.
@@ -488,11 +477,9 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // separate copy: its ring position differs per warpgroup, which
             // costs uniform registers in the loop (2% without masks, run 24).
             if (p.window_right >= 0)
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 1, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++),
-                                                                   step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 1, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
             else
-                consumer_tile<D, BLOCK_N, STAGES, FP16, 0, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++),
-                                                                   step);
+                consumer_tile<D, BLOCK_N, STAGES, FP16, 0, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
         }
     }
     if (consumer_index == 0) wait_my_turn<CONSUMERS>(0);   // take the last warpgroup's last pass: barriers end balanced

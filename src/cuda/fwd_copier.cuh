@@ -177,7 +177,7 @@ FA3C_DEVICE void kv_copier(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, 
         int ring = 0, tiles = 0, pending = -1;
         for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCtaRereads())) != NO_MORE_TILES; step++) {
             if (tile == SKIP_STEP) continue;
-            const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
+            const FwdTile t = this_cta_tile<D, BLOCK_N, true>(p, tile);
             if (tile_is_empty(t)) continue;
             const int tile_count = tiles++;   // as the producer counts them (o_free)
             for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {

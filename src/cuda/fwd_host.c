@@ -201,32 +201,6 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     return FA3C_STATUS_OK;
 }
 
-/* The stream-K tail's scratch (fwd_params.h, stream_k.cuh) in stream-ordered
- * memory from the device's default pool: per cut and consumer warpgroup, a
- * slot for a piece's state and two counters, zeroed on the stream. Returns
- * the allocation to free after the launch, or NULL; where the memory can't
- * be had, the plan drops the tail (every tile whole) rather than fail. */
-static void *tail_scratch(fa3c_fwd_kernel_params *k, int headdim, cudaStream_t stream) {
-    if (k->tail_units == 0) return NULL;
-    size_t slots = (size_t)k->grid * FA3C_FWD_CONSUMERS(headdim);
-    size_t partial_bytes = slots * FA3C_FWD_TAIL_SLOT_FLOAT4S(headdim) * 16, sync_bytes = slots * 2 * sizeof(int);
-    void *ws = NULL;
-    if (cudaMallocAsync(&ws, partial_bytes + sync_bytes, stream) != cudaSuccess) {
-        cudaGetLastError();
-        fa3c_fwd_plan_drop_tail(k);
-        return NULL;
-    }
-    if (cudaMemsetAsync((char *)ws + partial_bytes, 0, sync_bytes, stream) != cudaSuccess) {
-        cudaGetLastError();
-        cudaFreeAsync(ws, stream);
-        fa3c_fwd_plan_drop_tail(k);
-        return NULL;
-    }
-    k->tail_partial = (float *)ws;
-    k->tail_sync = (int *)((char *)ws + partial_bytes);
-    return ws;
-}
-
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (p->problem.dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8(p, stream);
     fa3c_status s = fa3c_cuda_fwd_supported(p);
@@ -279,12 +253,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     last_cluster = k.cluster;
     last_num_splits = k.num_splits;
     last_paged_copies = k.k_data != NULL;
-    if (k.num_splits == 1) {
-        void *tail_ws = tail_scratch(&k, pr->headdim, (cudaStream_t)stream);
-        s = inst->launch(&k, stream);
-        if (tail_ws) cudaFreeAsync(tail_ws, (cudaStream_t)stream);
-        return s;
-    }
+    if (k.num_splits == 1) return inst->launch(&k, stream);
 
     /* Split-KV: the partial results live in stream-ordered memory from the
      * device's default pool, freed once the combine is queued. */

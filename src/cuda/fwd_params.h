@@ -56,19 +56,6 @@ typedef struct fa3c_fwd_kernel_params {
     /* Longest/shortest pairs under a mask (tile_of_step): */
     fa3c_fast_div div_pairs_per_section;   /* (tiles per section + 1) / 2 */
     int full_tile_sections, last_section_tiles, tile_pairs;
-    /* Stream-K tail (scheduler.cuh): tiles [0, whole_tiles) run whole,
-     * round-robin; the tail_units = (num_tiles - whole_tiles) * tail_blocks
-     * key blocks of the rest are cut into one equal share per CTA (0: no
-     * tail, whole_tiles = num_tiles). The two pieces of a cut tile meet in
-     * the scratch of their cut (stream_k.cuh): per cut and consumer
-     * warpgroup, FA3C_FWD_TAIL_SLOT_FLOAT4S float4s in tail_partial and two
-     * counters (ticket, ready) in tail_sync, zeroed before the launch. */
-    int whole_tiles, tail_blocks, tail_units;
-    int whole_steps;                   /* whole_tiles / grid */
-    int tail_share, tail_share_rem;    /* tail_units / grid, tail_units % grid */
-    fa3c_fast_div div_tail_blocks, div_grid;
-    float *tail_partial;
-    int *tail_sync;
     /* Scores: s = q·k (raw), or with softcap s = softcap * tanh(q·k * softcap_pre).
      * p = exp2(s * score_log2 - off), lse = (off + log2(sum)) * ln 2 (softmax.cuh). */
     float score_log2;

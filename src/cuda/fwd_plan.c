@@ -104,40 +104,6 @@ static void fill_schedule(fa3c_fwd_kernel_params *k) {
     k->tile_pairs = k->full_tile_sections * ((per_section + 1) / 2) + (k->last_section_tiles + 1) / 2;
 }
 
-/* The stream-K tail (scheduler.cuh): with T tiles of B key blocks on G
- * CTAs, plain round-robin takes ceil(T / G) tile times; cutting the last
- * T - (floor(T / G) - 1) G tiles (G to 2G of them) into G equal shares of
- * key blocks takes floor(T / G) - 1 tile times plus one share, and each CTA
- * saves (2G - tail) B / G key blocks, less a block or two for the extra
- * piece. Only for tiles of equal length (no causal mask or window, no
- * sequences of their own lengths) and without split-KV (whose partials have
- * a combine of their own). */
-static void plan_tail(fa3c_fwd_kernel_params *k) {
-    fa3c_fwd_plan_drop_tail(k);
-    long long g = k->grid, t = k->num_tiles, b = k->blocks_per_split;
-    if (!FA3C_FWD_STREAM_K || !FA3C_FWD_PERSISTENT || k->cluster > 1 || k->num_splits != 1 || k->window_left >= 0 ||
-        k->window_right >= 0 || k->seqused_k || k->page_table || k->cu_seqlens_q || k->cu_seqlens_k || t <= g ||
-        t % g == 0 || b < FA3C_FWD_TAIL_MIN_BLOCKS)
-        return;
-    long long tail = t - (t / g - 1) * g;
-    /* The scheduler's unit arithmetic stays in 31 bits (share bounds, g^2). */
-    if ((2 * g - tail) * b < FA3C_FWD_TAIL_MIN_GAIN * g || tail * b > INT32_MAX / 2 || g > 32768) return;
-    k->whole_tiles = (int)(t - tail);
-    k->whole_steps = (int)(t / g - 1);
-    k->tail_blocks = (int)b;
-    k->tail_units = (int)(tail * b);
-    k->tail_share = (int)(tail * b / g);
-    k->tail_share_rem = (int)(tail * b % g);
-    k->div_tail_blocks = fa3c_fast_div_make((int)b);
-    k->div_grid = fa3c_fast_div_make((int)g);
-}
-
-void fa3c_fwd_plan_drop_tail(fa3c_fwd_kernel_params *k) {
-    k->whole_tiles = k->num_tiles;
-    k->whole_steps = k->tail_blocks = k->tail_units = k->tail_share = k->tail_share_rem = 0;
-    k->div_tail_blocks = k->div_grid = fa3c_fast_div_make(1);
-}
-
 fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, int pack, int num_splits,
                                 const fa3c_fwd_plan_facts *facts) {
     k->batch = pr->batch;
@@ -200,6 +166,5 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->grid = k->cluster * (FA3C_FWD_PERSISTENT && clusters > 0 && clusters < k->num_tiles ? clusters : k->num_tiles);
     k->section_heads = l2_section_heads(pr, pack, facts->l2_bytes);
     fill_schedule(k);
-    plan_tail(k);
     return FA3C_STATUS_OK;
 }

@@ -52,14 +52,10 @@ int fa3c_fwd_plan_pack(const fa3c_problem *pr, int block_m);
 /* Fills k's batch, seqlens, seqused_k, page table fields, heads, window (causal is window_right = 0),
  * pack (as given), groups, rows, grid, cluster,
  * num_m_blocks, num_splits, blocks_per_split, num_tiles, section_heads,
- * the order's constants and the stream-K tail (whole_tiles, tail_blocks,
- * tail_units; its scratch pointers are the caller's). num_splits: the call's request (0 = auto).
+ * and the order's constants. num_splits: the call's request (0 = auto).
  * NOT_SUPPORTED (with a message) when there would be 2^31 tiles or more. */
 fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, int pack, int num_splits,
                                 const fa3c_fwd_plan_facts *facts);
-
-/* No stream-K tail: every tile whole (when its scratch can't be had). */
-void fa3c_fwd_plan_drop_tail(fa3c_fwd_kernel_params *k);
 
 #ifdef __cplusplus
 }

@@ -203,7 +203,7 @@ template <int D, int BLOCK_N, bool VARLEN>
 FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile &next) {
     int tile = tile_of_step(p, step + 1, KernelCta());
     if (tile < 0) return false;
-    next = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step + 1);
+    next = this_cta_tile<D, BLOCK_N, VARLEN>(p, tile);
     return !tile_is_empty(next);
 }
 
@@ -223,7 +223,7 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
     bool q_loaded = false;   // this tile's Q was loaded during the last one (EARLY_Q)
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        FwdTile t = tile_of_step_at<D, BLOCK_N, VARLEN>(p, tile, step);
+        FwdTile t = this_cta_tile<D, BLOCK_N, VARLEN>(p, tile);
         if (tile_is_empty(t)) continue;
         const int tile_count = tiles++;   // tiles loaded before this one
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, q_uses++);
@@ -298,7 +298,7 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
     int ring = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
-        const FwdTile t = tile_of_step_at<D, BLOCK_N, true>(p, tile, step);
+        const FwdTile t = this_cta_tile<D, BLOCK_N, true>(p, tile);
         if (tile_is_empty(t)) continue;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             const int s = stage_of(ring, STAGES);

@@ -76,7 +76,6 @@ struct FwdSmem {
     uint64_t v_full[STAGES], v_empty[STAGES];
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
-    int tail_ticket[4];        // per consumer warpgroup: its ticket at a stream-K cut (stream_k.cuh)
     uint64_t v_ready[STAGES];  // variable-length instances: V slot landed and guarded (v_guard)
     CopierSmem<FA3C_FWD_PAGED_COPY_FITS(D) ? BLOCK_N : 0, STAGES> copier;   // kv_copier's page lookups
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
@@ -145,15 +144,12 @@ struct TileLayout {
 // CTAs per cluster: p.cluster where the build has clusters (FA3C_FWD_CLUSTER).
 FA3C_DEVICE int cluster_size(const fa3c_fwd_kernel_params &p) { return FA3C_FWD_CLUSTER > 1 ? p.cluster : 1; }
 
-// Tile number `tile` as the CTA's step `step` sees it: in the stream-K tail,
-// only this step's piece of its key blocks. Producer and consumers both
-// call it, so they walk the same key blocks. VARLEN: the variable-length
-// instances, whose sequences have their own number of keys (tile_at).
+// Tile number `tile` as this CTA computes it (its rows of a cluster tile).
+// VARLEN: the variable-length instances, whose sequences have their own
+// number of keys (tile_at).
 template <int D, int BLOCK_N, bool VARLEN>
-FA3C_DEVICE FwdTile tile_of_step_at(const fa3c_fwd_kernel_params &p, int tile, int step) {
-    FwdTile t = FA3C_FWD_CLUSTER > 1 ? cta_tile_at<VARLEN>(p, tile, cluster_size(p), (int)cluster_cta_rank(),
-                                                           FA3C_FWD_BLOCK_M(D), BLOCK_N)
-                                     : tile_at<VARLEN>(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
-    if (FA3C_FWD_STREAM_K && tile >= p.whole_tiles) piece_of_tail_tile(p, step, KernelCta(), t);
-    return t;
+FA3C_DEVICE FwdTile this_cta_tile(const fa3c_fwd_kernel_params &p, int tile) {
+    return FA3C_FWD_CLUSTER > 1 ? cta_tile_at<VARLEN>(p, tile, cluster_size(p), (int)cluster_cta_rank(),
+                                                      FA3C_FWD_BLOCK_M(D), BLOCK_N)
+                                : tile_at<VARLEN>(p, tile, FA3C_FWD_BLOCK_M(D), BLOCK_N);
 }

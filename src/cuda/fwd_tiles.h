@@ -187,28 +187,6 @@
 #ifndef FA3C_FWD_CLUSTER_MASKED
 #define FA3C_FWD_CLUSTER_MASKED 0
 #endif
-/* 1: a stream-K tail (scheduler.cuh, stream_k.cuh) where the last round of
- * tiles would leave SMs idle: the last one or two rounds' tiles are cut into
- * equal shares of key blocks, one per CTA, and a tile cut in two is merged
- * by the CTA that finishes second. Used when it saves each CTA at least
- * FA3C_FWD_TAIL_MIN_GAIN key blocks, on tiles of FA3C_FWD_TAIL_MIN_BLOCKS
- * key blocks or more, without a mask shape (causal, window) or split-KV.
- * 0 (default): every tile whole, and the tail's code compiled out. No gain
- * where it applies, and its code costs hdim 64 2-4% even without a tail
- * (docs/KNOBS.md): off until both are understood. */
-#ifndef FA3C_FWD_STREAM_K
-#define FA3C_FWD_STREAM_K 0
-#endif
-#ifndef FA3C_FWD_TAIL_MIN_GAIN
-#define FA3C_FWD_TAIL_MIN_GAIN 2
-#endif
-#ifndef FA3C_FWD_TAIL_MIN_BLOCKS
-#define FA3C_FWD_TAIL_MIN_BLOCKS 4
-#endif
-/* Float4s of one consumer warpgroup's piece in the tail scratch: per thread
- * its D / 2 O values, then its rows' (offset, offset, sum, sum). */
-#define FA3C_FWD_TAIL_SLOT_FLOAT4S(D) (((D) / 8 + 1) * 128)
-
 /* 1: under a causal mask (a right bound) the partial row block's idle
  * warpgroups go to the top (fwd_params.h, m_shift), so the tile with the
  * most keys has all its warpgroups computing; 0: at the bottom, and the

@@ -415,7 +415,7 @@ FA3C_DEVICE void mbar_arrive_cluster(uint64_t *bar, uint32_t cta) {
         : "memory");
 }
 
-// ---- flags between CTAs (stream_k.cuh) ------------------------------------------
+// ---- flags between CTAs (the backward's dQ turns and first writes) ------------------
 
 // *counter += value, after this thread's earlier writes are visible on the GPU
 // (release at GPU scope: they reach whoever acquires a later value of *counter).

@@ -22,23 +22,9 @@
 // CTA gets about the same work, without atomics. (Plain round-robin over
 // single tiles gave CTA 0 the longest tile of every round, and rounds that
 // straddle sections unbalance a snake order: hdim 256 causal 8k lost 20% and
-// 17%, runs 2 and 12.)
-//
-// Stream-K tail (p.tail_units > 0, planned in fwd_plan.c; tile_of_step,
-// piece_of_tail_tile, cut_of_step):
-// without a mask, T tiles on G CTAs take ceil(T / G) tile times, and the
-// last round leaves SMs idle (2048 tiles on 132 SMs are 15.5 rounds: 16
-// tile times). So only tiles [0, whole_tiles) = floor(T / G) - 1 rounds run
-// whole; the U = tail tiles x tail_blocks key blocks of the others (G to 2G
-// tiles) are numbered in walk order (tile by tile, each from its last key
-// block down) and CTA c takes units [c U / G, (c + 1) U / G). A share is at
-// least one tile long, so a tile is cut at most once, at cut c between the
-// shares of CTAs c - 1 and c: the CTA c - 1 ends its share with the tile's
-// first (highest) key blocks, the CUT_START piece; CTA c begins its share
-// with the rest, the CUT_REST piece. Both compute their piece as a tile of
-// their own and meet in the scratch of cut c (stream_k.cuh): the one that
-// finishes first leaves its partial state there, the other merges and
-// writes the tile. Nobody waits for a CTA that may not be running yet.
+// 17%, runs 2 and 12.) A stream-K tail that cut the last round's tiles into
+// equal shares of key blocks measured no gain (runs 32-34) and was removed
+// (it is in the history before the commit that says so).
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
@@ -47,15 +33,6 @@
 #include "fwd_tile.cuh"
 
 // (FwdTile: fwd_tile.cuh.)
-
-// A step's place at a stream-K cut: the CUT_START or CUT_REST piece of cut
-// `cut`, or CUT_NONE. Not part of FwdTile: the consumers look it up once,
-// at the tile's end, rather than hold two more registers through the loop
-// (hdim 64 spilled with them).
-enum { CUT_NONE, CUT_START, CUT_REST };
-struct TailCut {
-    int cut, part;
-};
 
 FA3C_HOST_DEVICE int num_tiles(const fa3c_fwd_kernel_params &p) { return p.num_tiles; }
 
@@ -174,36 +151,6 @@ FA3C_HOST_DEVICE FwdTile cta_tile_at(const fa3c_fwd_kernel_params &p, int tile, 
 // What tile_of_step returns instead of a tile number.
 enum { NO_MORE_TILES = -1, SKIP_STEP = -2 };
 
-// The k-th piece of this CTA's share of the stream-K tail: false when the
-// share has no more. Pieces are whole tiles except at the share's ends.
-// 32-bit arithmetic (fwd_plan.c keeps the units below 2^30).
-template <class Cta>
-FA3C_HOST_DEVICE bool tail_piece(const fa3c_fwd_kernel_params &p, int k, const Cta &cta, int &tile, int &n_lo,
-                                 int &n_hi, TailCut &cut) {
-    const int blocks = p.tail_blocks, c = cta.index();
-    // Share c: units [c U / G, (c + 1) U / G), with U / G = share + rem / G.
-    const int u0 = c * p.tail_share + fa3c_div(c * p.tail_share_rem, p.div_grid);
-    const int u1 = (c + 1) * p.tail_share + fa3c_div((c + 1) * p.tail_share_rem, p.div_grid);
-    const int index = fa3c_div(u0, p.div_tail_blocks) + k, first_unit = index * blocks;
-    if (first_unit >= u1) return false;
-    // Units [a, b) of the tile's walk; walk unit j is key block blocks - 1 - j.
-    const int a = max(u0, first_unit) - first_unit, b = min(u1, first_unit + blocks) - first_unit;
-    tile = p.whole_tiles + index;
-    n_hi = blocks - a;
-    n_lo = blocks - b;
-    cut.part = a > 0 ? CUT_REST : b < blocks ? CUT_START : CUT_NONE;
-    cut.cut = a > 0 ? c : c + 1;
-    return true;
-}
-
-// The tile of a step in the stream-K tail, or NO_MORE_TILES.
-template <class Cta>
-FA3C_HOST_DEVICE int tail_tile_of_step(const fa3c_fwd_kernel_params &p, int step, const Cta &cta) {
-    int tile, n_lo, n_hi;
-    TailCut cut;
-    return tail_piece(p, step - p.whole_steps, cta, tile, n_lo, n_hi, cut) ? tile : NO_MORE_TILES;
-}
-
 // The tile of the CTA's step-th step: a tile number, SKIP_STEP for the
 // missing partner of an odd section's middle tile, or NO_MORE_TILES.
 // Producer and consumers walk the same steps.
@@ -213,11 +160,9 @@ FA3C_HOST_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step, con
     if (!FA3C_FWD_PERSISTENT || num_tiles(p) <= cta.grid())
         return step == 0 && cta.index() < num_tiles(p) ? cta.index() : NO_MORE_TILES;
     bool uneven = p.window_left >= 0 || p.window_right >= 0;   // causal is window_right = 0
-    if (!uneven) {   // the whole tiles, then the stream-K tail's
+    if (!uneven) {   // round-robin
         int tile = step * cta.grid() + cta.index();
-        return tile < p.whole_tiles                           ? tile
-               : FA3C_FWD_STREAM_K && p.tail_units > 0 ? tail_tile_of_step(p, step, cta)
-                                                       : NO_MORE_TILES;
+        return tile < num_tiles(p) ? tile : NO_MORE_TILES;
     }
     int slot = (step >> 1) * cta.grid() + cta.index();
     if (slot >= p.tile_pairs) return NO_MORE_TILES;
@@ -227,28 +172,4 @@ FA3C_HOST_DEVICE int tile_of_step(const fa3c_fwd_kernel_params &p, int step, con
     int index = (step & 1) ? n - 1 - k : k;
     if ((step & 1) && index == k) return SKIP_STEP;
     return section * per_section + index;
-}
-
-// A tile of the stream-K tail (tile >= p.whole_tiles, from tile_of_step at
-// `step`), restricted to this step's piece of its key blocks. Producer and
-// consumers both call it, so they walk the same key blocks.
-template <class Cta>
-FA3C_HOST_DEVICE void piece_of_tail_tile(const fa3c_fwd_kernel_params &p, int step, const Cta &cta, FwdTile &t) {
-    int tile, n_lo, n_hi;
-    TailCut cut;
-    tail_piece(p, step - p.whole_steps, cta, tile, n_lo, n_hi, cut);
-    t.n_begin = max(t.n_begin, n_lo);
-    t.n_end = min(t.n_end, n_hi);
-}
-
-// Where the step-th step's tile is cut, if it is (cut.part CUT_NONE: whole);
-// for the consumers at the tile's end.
-template <class Cta>
-FA3C_HOST_DEVICE TailCut cut_of_step(const fa3c_fwd_kernel_params &p, int step, const Cta &cta) {
-    TailCut cut = {0, CUT_NONE};
-    int tile, n_lo, n_hi;
-    if (FA3C_FWD_STREAM_K && p.tail_units > 0 && step >= p.whole_steps &&
-        !tail_piece(p, step - p.whole_steps, cta, tile, n_lo, n_hi, cut))
-        cut.part = CUT_NONE;
-    return cut;
 }

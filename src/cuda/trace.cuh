@@ -29,7 +29,7 @@ enum TraceEvent {
     TR_LAST_PV_DONE = 10,
     TR_TILE_END = 11,    // epilogue done
     // consumer, inside the epilogue (same ring index as TR_TILE_END)
-    TR_EPI_BEGIN = 7,    // entered (after the stream-K check and, O in the V ring, the ring's reads)
+    TR_EPI_BEGIN = 7,    // entered (after, O in the V ring, the ring's reads)
     TR_EPI_STAGE = 14,   // TMA-store epilogue: the staging buffer is free (previous store read it, barrier)
     TR_EPI_STAGED = 15,  // TMA-store epilogue: O is in the staging buffer (stmatrix, fence, barrier)
     // producer, per key block

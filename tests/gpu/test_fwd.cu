@@ -745,61 +745,6 @@ TEST(fwd_gqa_packed_decode) {
     run_case("gqa 4 hdim256 softcap", c);
 }
 
-// The stream-K tail (scheduler.cuh, stream_k.cuh): with more tiles than
-// SMs but fewer than a whole number of rounds, the last tiles are cut into
-// equal shares of key blocks, one per CTA, and a tile cut in two is merged
-// by the CTA that finishes second. Sizes from the SM count, so that every
-// case has a tail on any Hopper part: between G and 2G tiles (all in the
-// tail), or 2 rounds whole and then the tail (test_scheduler.cu checks that
-// these shapes plan a tail). run_case's second run must
-// give the same bits (the merge does not depend on which piece comes first).
-static int sm_count(void) {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return sms;
-}
-
-// The tail is off by default (fwd_tiles.h): these run in a build with
-// -DFA3C_FWD_STREAM_K=1 (tools/gpu_stream_k.sh).
-#define REQUIRE_STREAM_K()                                                                              \
-    do {                                                                                                \
-        if (!FA3C_FWD_STREAM_K) SKIP("the stream-K tail is compiled out (FA3C_FWD_STREAM_K=0; "          \
-                                     "tools/gpu_stream_k.sh tests it)");                               \
-    } while (0)
-
-TEST(fwd_stream_k_tail) {
-    REQUIRE_SM90();
-    REQUIRE_STREAM_K();
-    const int g = sm_count();
-    // hdim 128 (O staged in its own smem): G + 19 tiles of 4 key blocks, the last one partial.
-    run_case("tail hdim128", base_case(BF16, 1, 128, 500, g + 19, 128));
-    // hdim 64 (3 consumers), fp16, softcap: G + 5 tiles of 5 key blocks.
-    fwd_case c = base_case(FP16, 1, 192, 520, g + 5, 64);
-    c.softcap = 30.f;
-    run_case("tail hdim64 fp16 softcap", c);
-    // hdim 256 (O staged in the V ring), 100 rows (the second consumer's partly past the end), GQA.
-    c = base_case(BF16, 1, 100, 330, g + 8, 256);
-    c.heads_kv = c.heads_q / 2;
-    run_case("tail hdim256 gqa", c);
-    // hdim 96 (O from registers): 4 key blocks.
-    run_case("tail hdim96", base_case(BF16, 1, 128, 512, g + 9, 96));
-    // 2 rounds of whole tiles, then the tail: 3 G + 10 tiles of hdim 64 (2 row blocks each).
-    c = base_case(BF16, 1, 384, 400, (3 * g + 10) / 2, 64);
-    run_case("tail after whole rounds", c);
-}
-
-// The same with GQA packing (decode): 8 query heads in a tile of 128 rows,
-// so the second consumer warpgroup is idle at the cuts too. Small enough for
-// compute-sanitizer (tools/gpu_check.sh).
-TEST(fwd_stream_k_tail_decode) {
-    REQUIRE_SM90();
-    REQUIRE_STREAM_K();
-    fwd_case c = base_case(BF16, sm_count() + 4, 1, 1000, 8, 128);
-    c.heads_kv = 1;
-    run_case("tail decode gqa 8", c);
-}
-
 // Split-KV: key ranges in separate tiles, partial results merged by
 // fwd_combine.cu; splits with no key for some rows (causal, window) carry
 // lse = -inf into the merge.

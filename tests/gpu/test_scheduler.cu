@@ -3,8 +3,7 @@
 // checked on the CPU: no GPU needed, so these run in CI too. For random
 // problems (GQA packing, split-KV, causal, windows, L2 sections, persistent
 // grids smaller and larger than the tile count):
-//   - the CTAs' steps visit every tile exactly once, whole or (stream-K
-//     tail) in two pieces that split its key blocks between neighbour CTAs;
+//   - the CTAs' steps visit every tile exactly once;
 //   - every tile names a valid (batch, group, row block, split); under a
 //     causal mask the partial row block's idle warpgroups are at the top
 //     (m_shift);
@@ -170,8 +169,8 @@ static int check_plan(const plan_case *c, int *packed_splits = NULL) {
     CHECK(st == FA3C_STATUS_OK, "%s: plan failed", what);
     if (st != FA3C_STATUS_OK) return 0;
     CHECK(p.seqused_k == pr->seqused_k && p.cu_seqlens_q == pr->cu_seqlens_q && p.cu_seqlens_k == pr->cu_seqlens_k &&
-              (!varlen_plan(p) || (p.tail_units == 0 && p.cluster == 1)),
-          "%s: arrays not in the plan, or tail %lld, cluster %d", what, (long long)p.tail_units, p.cluster);
+              (!varlen_plan(p) || p.cluster == 1),
+          "%s: arrays not in the plan, or cluster %d", what, p.cluster);
     CHECK(pack == 1 || (c->block_m % pack == 0 && pack == pr->heads_q / pr->heads_kv), "%s: pack %d", what, pack);
     CHECK(p.num_splits >= 1 && (c->num_splits == 0 || p.num_splits <= c->num_splits), "%s: %d splits", what,
           p.num_splits);
@@ -189,69 +188,27 @@ static int check_plan(const plan_case *c, int *packed_splits = NULL) {
     int grid = p.grid;
     CHECK(grid >= 1 && grid <= p.num_tiles && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || grid <= c->sms),
           "%s: grid %d for %d tiles", what, grid, p.num_tiles);
-    // Every tile visited once whole, or, in the stream-K tail, in at most two
-    // pieces that split its key blocks: CUT_START (the highest) on CTA cut - 1,
-    // CUT_REST (the rest) on CTA cut, each cut used by one tile; and every
-    // CTA's share of the tail within one key block of the others'.
-    typedef struct { int n_begin, n_end, cut, part, cta; } piece;
-    piece *pieces = (piece *)calloc((size_t)p.num_tiles * 2, sizeof(piece));
+    // Every tile visited exactly once, by one CTA's steps.
     int *visits = (int *)calloc((size_t)p.num_tiles, sizeof(int));
-    int *cut_used = (int *)calloc((size_t)grid + 1, sizeof(int));
     int ok = 1;
-    int64_t share_min = INT64_MAX, share_max = 0;
-    CHECK(p.tail_units == 0 || (p.whole_tiles % grid == 0 && p.num_splits == 1 && p.window_right < 0 &&
-                                p.window_left < 0 && p.whole_steps * grid == p.whole_tiles &&
-                                p.tail_units == (int64_t)(p.num_tiles - p.whole_tiles) * p.tail_blocks &&
-                                p.tail_units >= (int64_t)grid * p.tail_blocks),
-          "%s: tail of %lld units after %d whole tiles", what, (long long)p.tail_units, p.whole_tiles);
     for (int cta = 0; cta < grid && ok; cta++) {
-        int64_t share = 0;
         for (int step = 0;; step++) {
             // As the kernel's producer and consumers walk their steps.
             int tile = tile_of_step(p, step, HostCta{grid, cta});
             if (tile == NO_MORE_TILES) break;
             if (tile == SKIP_STEP) continue;
-            ok = tile >= 0 && tile < p.num_tiles && visits[tile] < 2;
+            ok = tile >= 0 && tile < p.num_tiles && visits[tile] == 0;
             CHECK(ok, "%s: cta %d step %d: tile %d of %d (%d visits before)", what, cta, step, tile, p.num_tiles,
                   ok ? visits[tile] : -1);
             if (!ok) break;
-            FwdTile t = tile_of(p, tile, c);
-            if (tile >= p.whole_tiles) piece_of_tail_tile(p, step, HostCta{grid, cta}, t);
-            if (tile >= p.whole_tiles) share += t.n_end - t.n_begin;
-            TailCut cut = cut_of_step(p, step, HostCta{grid, cta});
-            pieces[2 * tile + visits[tile]++] = (piece){t.n_begin, t.n_end, cut.cut, cut.part, cta};
-        }
-        if (p.tail_units > 0) {
-            share_min = share < share_min ? share : share_min;
-            share_max = share > share_max ? share : share_max;
+            visits[tile]++;
         }
     }
-    CHECK(!ok || p.tail_units == 0 || share_max - share_min <= 1, "%s: tail shares of %lld to %lld key blocks", what,
-          (long long)share_min, (long long)share_max);
     for (int i = 0; i < p.num_tiles && ok; i++) {
-        FwdTile t = tile_of(p, i, c);
-        const piece *a = &pieces[2 * i], *b = &pieces[2 * i + 1];
-        if (visits[i] == 1) {
-            ok = a->part == CUT_NONE && a->n_begin == t.n_begin && a->n_end == t.n_end;
-            CHECK(ok, "%s: tile %d visited once for blocks [%d, %d) of [%d, %d), part %d", what, i, a->n_begin,
-                  a->n_end, t.n_begin, t.n_end, a->part);
-        } else if (visits[i] == 2) {
-            if (a->part == CUT_REST) { const piece *x = a; a = b; b = x; }
-            ok = i >= p.whole_tiles && a->part == CUT_START && b->part == CUT_REST && a->cut == b->cut &&
-                 a->cut >= 1 && a->cut < grid && !cut_used[a->cut] && a->cta == a->cut - 1 && b->cta == a->cut &&
-                 a->n_end == t.n_end && b->n_begin == t.n_begin && a->n_begin == b->n_end && b->n_end > b->n_begin &&
-                 a->n_end > a->n_begin;
-            CHECK(ok, "%s: tile %d in pieces [%d, %d) part %d cut %d cta %d and [%d, %d) part %d cut %d cta %d", what,
-                  i, a->n_begin, a->n_end, a->part, a->cut, a->cta, b->n_begin, b->n_end, b->part, b->cut, b->cta);
-            if (ok) cut_used[a->cut] = 1;
-        } else {
-            ok = 0;
-            CHECK(0, "%s: tile %d never visited", what, i);
-        }
+        ok = visits[i] == 1;
+        CHECK(ok, "%s: tile %d never visited", what, i);
     }
-    free(pieces);
     free(visits);
-    free(cut_used);
     if (!ok) return 0;
 
     // Every tile: valid indices; per row block, the splits' key ranges tile
@@ -665,7 +622,7 @@ static int check_cluster_plan(const plan_case *c, int masked) {
     const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k &&
                     !pr->cu_seqlens_q && !pr->cu_seqlens_k;
     ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
-         (p.cluster == 1 || p.tail_units == 0) && (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
+         (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
     CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
           p.num_m_blocks, c->block_m * p.cluster, p.grid);
     if (!ok || p.cluster == 1) return ok;
@@ -704,48 +661,6 @@ TEST(scheduler_decode_packs_and_splits) {
     CHECK(p.num_tiles == 8 * 16 && p.num_splits == 16, "%d tiles, %d splits (want 128, 16)", p.num_tiles,
           p.num_splits);
     CHECK(check_plan(&c), "plan checks");
-}
-
-TEST(scheduler_stream_k_tail) {
-    if (!FA3C_FWD_STREAM_K)
-        SKIP("the stream-K tail is compiled out (FA3C_FWD_STREAM_K=0; tools/gpu_stream_k.sh tests it)");
-    // The FA3 grid's hdim 128 shape at 2k (2048 tiles of 16 key blocks on 132
-    // SMs, 15.5 rounds): 14 rounds whole, the last 200 tiles in 132 shares of
-    // 24-25 key blocks. With a causal mask, split-KV or tiles of 3 key
-    // blocks: no tail.
-    plan_case c = fixed_case(128, 8, 16, 16, 2048, 2048, 132);
-    fa3c_fwd_kernel_params p;
-    memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n};
-    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 0, &facts) == FA3C_STATUS_OK, "plan");
-    CHECK(p.num_tiles == 2048 && p.whole_tiles == 14 * 132 && p.tail_blocks == 16 && p.tail_units == 200 * 16,
-          "%d tiles, %d whole, tail %lld units of %d blocks (want 2048, 1848, 3200, 16)", p.num_tiles, p.whole_tiles,
-          (long long)p.tail_units, p.tail_blocks);
-    CHECK(check_plan(&c), "plan checks");
-    c.pr.causal = 1;
-    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 0, &facts) == FA3C_STATUS_OK && p.tail_units == 0, "causal: no tail");
-    c.pr.causal = 0;
-    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 2, &facts) == FA3C_STATUS_OK && p.tail_units == 0, "split-KV: no tail");
-    c.pr.seqlen_k = 3 * 128;
-    CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.tail_units == 0, "3 blocks: no tail");
-
-    // test_fwd.cu's stream-K shapes (fwd_stream_k_tail*) have a tail on 132 and on 114 SMs.
-    const struct { int d, batch, sq, sk, heads_of_g, heads_plus, group; } shapes[] = {
-        {128, 1, 128, 500, 1, 19, 1}, {64, 1, 192, 520, 1, 5, 1}, {256, 1, 100, 330, 1, 8, 2},
-        {96, 1, 128, 512, 1, 9, 1},   {64, 1, 384, 400, 3, 10, 1}, {128, -4, 1, 1000, 0, 8, 8}};
-    for (int sms = 114; sms <= 132; sms += 18)
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-            // batch -4: the SM count + 4 (decode); heads: (heads_of_g G + heads_plus) / 2 for 2 row blocks
-            int batch = shapes[i].batch < 0 ? sms - shapes[i].batch : shapes[i].batch;
-            int heads = shapes[i].sq == 384 ? (3 * sms + 10) / 2 : shapes[i].heads_of_g * sms + shapes[i].heads_plus;
-            plan_case s = fixed_case(shapes[i].d, batch, heads, heads / shapes[i].group, shapes[i].sq, shapes[i].sk, sms);
-            fa3c_fwd_plan_facts f = {s.sms, s.l2_bytes, s.block_m, s.block_n};
-            memset(&p, 0, sizeof p);
-            int pack = fa3c_fwd_plan_pack(&s.pr, s.block_m);
-            CHECK(fa3c_fwd_plan_tiles(&p, &s.pr, pack, 0, &f) == FA3C_STATUS_OK && p.tail_units > 0,
-                  "test_fwd shape %zu on %d SMs: %d tiles, no tail", i, sms, p.num_tiles);
-            CHECK(check_plan(&s), "test_fwd shape %zu on %d SMs: plan checks", i, sms);
-        }
 }
 
 TEST(scheduler_cluster_pairs) {
