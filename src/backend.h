@@ -56,11 +56,11 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr);
 #ifndef FA3C_CUDA_SINKS
 #define FA3C_CUDA_SINKS 1
 #endif
-/* 1: fa3c_quantize_fp8 runs its kernels on device memory. 0 until its GPU
- * test (test_quantize_gpu) has passed on a GPU: such calls are NOT_SUPPORTED
- * (docs/KNOBS.md). */
+/* 1: fa3c_quantize_fp8 runs its kernels on device memory (on since
+ * test_quantize_gpu passed on an H100, memcheck clean); 0: such calls are
+ * NOT_SUPPORTED (docs/KNOBS.md). */
 #ifndef FA3C_CUDA_QUANTIZE
-#define FA3C_CUDA_QUANTIZE 0
+#define FA3C_CUDA_QUANTIZE 1
 #endif
 /* Keys per block of the forward instance this problem would run on; 0 when
  * the build has none (for tests of the instance choice). */

@@ -19,10 +19,10 @@
  * zeros that TMA fills in past the tensors' 96 columns, so 3/4 of its GEMM
  * work is useful.
  *
- * Head dims 192 and 256 (bwd_wide_sm90.cuh): 64 keys and 64 query rows;
- * 128 keys' dK + dV would take 256 registers per thread at hdim 256. The
- * warpgroups split dK and dV by head-dim columns (128 of them each at hdim
- * 256), S and dP by keys (32 each). */
+ * Head dims 192 and 256 (bwd_wide_sm90.cuh): 64 keys (80 at hdim 256) and
+ * 64 query rows; 128 keys' dK + dV would take 256 registers per thread at
+ * hdim 256. The warpgroups split dK and dV by head-dim columns (128 of them
+ * each at hdim 256), S and dP by keys (32 or 40 each). */
 #ifndef FA3C_BWD_TILES_H
 #define FA3C_BWD_TILES_H
 
@@ -34,13 +34,13 @@
 #define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
 #define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
-/* hdim 256's keys per CTA: 64, or 80 as FA3 takes them (80: a quarter more
- * work per step for the same 64 KB of dQ reductions, which fill the L2 at
- * 64; wgmma N = 40 for S and dP). 80 keys fit in smem with P and dS stored
- * transposed (80 rows of 64 queries) and one dO stage beside Q's two
- * (bwd_wide_sm90.cuh). Not GPU-tested yet: 64 until it is. */
+/* hdim 256's keys per CTA: 80 as FA3 takes them (a quarter more work per
+ * step for the same 64 KB of dQ reductions; wgmma N = 40 for S and dP; 2-7%
+ * faster than 64, docs/KNOBS.md), or 64 (-DFA3C_BWD_HDIM256_BLOCK_N=64, for
+ * A/Bs). 80 keys fit in smem with P and dS stored transposed (80 rows of 64
+ * queries) and one dO stage beside Q's two (bwd_wide_sm90.cuh). */
 #ifndef FA3C_BWD_HDIM256_BLOCK_N
-#define FA3C_BWD_HDIM256_BLOCK_N 64
+#define FA3C_BWD_HDIM256_BLOCK_N 80
 #endif
 #if FA3C_BWD_HDIM256_BLOCK_N != 64 && FA3C_BWD_HDIM256_BLOCK_N != 80
 #error "FA3C_BWD_HDIM256_BLOCK_N: 64 or 80 (the wide kernel has no other form)"
@@ -102,6 +102,16 @@
  * an H100, so first writes paid only up to 512 queries (docs/KNOBS.md). */
 #ifndef FA3C_BWD_DQ_CLAIM_EARLY
 #define FA3C_BWD_DQ_CLAIM_EARLY 1
+#endif
+
+/* The order of the CTAs under a causal mask (bwd_tile_of_cta): 1 walks
+ * sections of (K/V head, batch) pairs whose Q, dO and dQ fit in the L2,
+ * key block major, so that each section starts with its longest CTAs
+ * (FA3's LPT order); 0 takes one pair's key blocks after another, as
+ * without a mask. Only the host reads it (the kernel follows
+ * params.section). */
+#ifndef FA3C_BWD_LPT
+#define FA3C_BWD_LPT 1
 #endif
 
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed,
