@@ -27,7 +27,7 @@ class Layout:
     """Sizes of one attention problem, derived from array shapes."""
 
     def __init__(self, ops, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 seqused_k, page_table):
+                 seqused_k, page_table, seqused_q=None):
         self.varlen_q = cu_seqlens_q is not None
         self.varlen_k = cu_seqlens_k is not None
         self.paged = page_table is not None
@@ -71,8 +71,9 @@ class Layout:
         if batches[0][1] != batches[1][1]:
             raise bad("batch size of %s (%d) and %s (%d) differ" % (batches[0] + batches[1]))
         self.batch = batches[0][1]
-        if seqused_k is not None and ops.shape(seqused_k) != (self.batch,):
-            raise bad("seqused_k must have shape (%d,) (got %s)" % (self.batch, ops.shape(seqused_k)))
+        for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+            if used is not None and ops.shape(used) != (self.batch,):
+                raise bad("%s must have shape (%d,) (got %s)" % (name, self.batch, ops.shape(used)))
 
         if self.varlen_q:
             self.total_q = qs[0]
@@ -117,7 +118,7 @@ def _tensor(ops, x, varlen):
 
 
 def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, softcap,
-                  cu_q, cu_k, seqused_k, page_table):
+                  cu_q, cu_k, seqused_k, page_table, seqused_q=None):
     pr.dtype = dtype_code
     pr.batch = lay.batch
     pr.seqlen_q = lay.seqlen_q
@@ -134,6 +135,7 @@ def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, 
     pr.cu_seqlens_q = ops.ptr(cu_q) if cu_q is not None else None
     pr.cu_seqlens_k = ops.ptr(cu_k) if cu_k is not None else None
     pr.seqused_k = ops.ptr(seqused_k) if seqused_k is not None else None
+    pr.seqused_q = ops.ptr(seqused_q) if seqused_q is not None else None
     if page_table is not None:
         pr.page_table = ops.ptr(page_table)
         pr.page_table_stride = int(ops.strides(page_table)[0])
@@ -202,7 +204,7 @@ class Call:
             _lib.raise_for(st, self._context if st == _lib.STATUS_NOT_SUPPORTED else "")
 
     def check_device(self, stream=None):
-        """check(), and on CUDA also the device-resident cu_seqlens, seqused_k, page table and
+        """check(), and on CUDA also the device-resident cu_seqlens, seqused_q/k, page table and
         descales, copied to the host on the call's stream (a synchronization;
         fa3c_fwd_check_device): raises Fa3cError naming a bad entry."""
         st = self._check_device_fn(self._ref, self.stream if stream is None else stream)
@@ -230,7 +232,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
                     max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                     causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None,
                     k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None,
-                    sinks=None):
+                    sinks=None, seqused_q=None):
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
     dt = ops.dtype_code(q)
     for name, x in (("k", k), ("v", v)):
@@ -240,8 +242,9 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     cu_q = ops.int32(cu_seqlens_q, q)
     cu_k = ops.int32(cu_seqlens_k, q)
     used_k = ops.int32(seqused_k, q)
+    used_q = ops.int32(seqused_q, q)
     pt = ops.int32(page_table, q)
-    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt)
+    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt, used_q)
     window_size = _check_window(window_size)
     if softmax_scale is None:
         softmax_scale = default_scale(lay.headdim)
@@ -267,7 +270,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     L = _lib.lib()
     L.fa3c_fwd_params_init(ctypes.byref(p))
     _fill_problem(p.problem, lay, ops, dt, softmax_scale, causal, window_size, softcap,
-                  cu_q, cu_k, used_k, pt)
+                  cu_q, cu_k, used_k, pt, used_q)
     p.q = _tensor(ops, q, lay.varlen_q)
     p.k = _tensor(ops, k, lay.varlen_k)
     p.v = _tensor(ops, v, lay.varlen_k)
@@ -278,14 +281,14 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.problem.sinks = ops.ptr(sinks) if sinks is not None else None
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
-    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks),
+    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks, used_q),
                 check_fn=L.fa3c_fwd_check, check_device_fn=L.fa3c_fwd_check_device)
 
 
 def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None,
                      max_seqlen_q=None, max_seqlen_k=None, seqused_k=None, softmax_scale=None,
                      causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
-                     backend="auto", sinks=None):
+                     backend="auto", sinks=None, seqused_q=None):
     dout, q, k, v, out = [ops.prepare(x) for x in (dout, q, k, v, out)]
     dt = ops.dtype_code(q)
     for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
@@ -295,7 +298,8 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     cu_q = ops.int32(cu_seqlens_q, q)
     cu_k = ops.int32(cu_seqlens_k, q)
     used_k = ops.int32(seqused_k, q)
-    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, None)
+    used_q = ops.int32(seqused_q, q)
+    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, None, used_q)
     for name, x in (("out", out), ("dout", dout)):
         if ops.shape(x) != lay.out_shape(ops, q):
             raise bad("backward: %s must have shape %s (q's, with v's head dim; got %s)"
@@ -314,7 +318,7 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
     L = _lib.lib()
     L.fa3c_bwd_params_init(ctypes.byref(p))
     _fill_problem(p.problem, lay, ops, dt, softmax_scale, causal, window_size, softcap,
-                  cu_q, cu_k, used_k, None)
+                  cu_q, cu_k, used_k, None, used_q)
     p.q = _tensor(ops, q, lay.varlen_q)
     p.k = _tensor(ops, k, lay.varlen_k)
     p.v = _tensor(ops, v, lay.varlen_k)
@@ -335,7 +339,7 @@ def prepare_backward(ops, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seql
         outputs += (dsinks,)
     # NOT_SUPPORTED from a backward usually means "this backend has no backward
     # for this case yet": the error says it was the backward, then the reason.
-    return Call(L.fa3c_bwd, p, outputs, (dout, q, k, v, out, lse, cu_q, cu_k, used_k, sinks),
+    return Call(L.fa3c_bwd, p, outputs, (dout, q, k, v, out, lse, cu_q, cu_k, used_k, sinks, used_q),
                 context="fa3c backward", check_fn=L.fa3c_bwd_check, check_device_fn=L.fa3c_bwd_check_device)
 
 

@@ -96,12 +96,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """Variable-length batches packed along the token axis: q is (total_q, heads, headdim),
     k and v (total_k, heads_kv, headdim), cu_seqlens_* int32 (batch + 1,) prefix sums in the
     same memory as the tensors. Returns out, or (out, softmax_lse) with softmax_lse float32
-    (heads, total_q). The CUDA backend may not support varlen yet: that raises Fa3cError
-    with the library's reason. s_aux: attention sinks, as flash_attn_func's."""
+    (heads, total_q). s_aux: attention sinks, as flash_attn_func's. seqused_q / seqused_k:
+    (batch,) int32, the queries / keys used per sequence; out and softmax_lse rows past
+    seqused_q are not written and their dq is zeros (seqused_q on the CPU only so far: the
+    CUDA backend raises Fa3cError NOT_SUPPORTED with its reason)."""
     _common_unsupported(qv, attention_chunk, sm_margin)
-    _unsupported(seqused_q=(seqused_q, None))
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-              max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, softmax_scale=softmax_scale,
+              max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+              softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
               deterministic=deterministic, sinks=s_aux)
@@ -315,11 +317,13 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
-            num_splits=0, backend=None, sinks=None):
+            num_splits=0, backend=None, sinks=None, seqused_q=None):
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
     "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
-    query head in every row's softmax (docs/API.md; CPU, and CUDA in bf16/fp16)."""
+    query head in every row's softmax (docs/API.md; CPU, and CUDA in bf16/fp16).
+    seqused_q: (batch,) queries used per sequence; out and lse rows past them are not
+    written (CPU backends; CUDA raises NOT_SUPPORTED)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(
@@ -327,23 +331,27 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
             page_table=page_table, softmax_scale=softmax_scale, causal=causal,
             window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
-            v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks)
+            v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks,
+            seqused_q=seqused_q)
         call.finish = finish
         return call.run(stream)
 
 
 def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
              max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False,
-             window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None, sinks=None):
+             window_size=(-1, -1), softcap=0.0, deterministic=False, backend=None, sinks=None,
+             seqused_q=None):
     """One fa3c_bwd call: (dq, dk, dv) from dout and the forward's q, k, v, out, lse;
-    with the forward's sinks, (dq, dk, dv, dsinks)."""
+    with the forward's sinks, (dq, dk, dv, dsinks). With seqused_q, dq rows past the
+    queries used are zeros."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_backward(
             ops, dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-            softcap=softcap, deterministic=deterministic, backend=backend, sinks=sinks)
+            softcap=softcap, deterministic=deterministic, backend=backend, sinks=sinks,
+            seqused_q=seqused_q)
         call.finish = finish
         return call.run(stream)
 

@@ -220,6 +220,15 @@ def test_flash_attn_varlen_func(fai, xp):
     out_used = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 7, seqused_k=used, causal=True)
     assert_same(out_used, fa3c.forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used,
                                        causal=True)[0])
+    # seqused_q: each sequence keeps its first queries, the causal diagonal aligned to them
+    used_q = [2, 0, 4]
+    out_q, lse_q = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 7, seqused_q=xp.int32(used_q), causal=True,
+                                              return_attn_probs=True)
+    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(np.cumsum([0] + lens_q[:-1]), used_q)])
+    cu_used = np.concatenate([[0], np.cumsum(used_q)]).astype(np.int32)
+    ref_out, ref_lse = ref.fwd_varlen(xp.np(q)[rows], xp.np(k), xp.np(v), cu_used, xp.np(cu_k), None, True)
+    assert_close(xp.np(out_q)[rows], ref_out)
+    assert_close(xp.np(lse_q)[:, rows], ref_lse, atol=1e-4)
 
 
 def test_flash_attn_qkvpacked_func(fai, xp):

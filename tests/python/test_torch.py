@@ -163,6 +163,36 @@ def test_cpu_varlen_autograd():
             assert (a[sl].double() - w[sl]).abs().max() < 1e-4
 
 
+def test_cpu_seqused_q_autograd():
+    """seqused_q: each sequence keeps only its first queries (the causal diagonal aligned to
+    that count); their out and gradients are those of the shortened sequences, dq past them
+    is zeros."""
+    torch.manual_seed(4)
+    cu_q = torch.tensor([0, 3, 20, 28], dtype=torch.int32)
+    cu_k = torch.tensor([0, 10, 27, 29], dtype=torch.int32)
+    used = torch.tensor([2, 17, 0], dtype=torch.int32)
+    q = torch.randn(28, 4, 32, requires_grad=True)
+    k = torch.randn(29, 2, 32, requires_grad=True)
+    v = torch.randn(29, 2, 32, requires_grad=True)
+    out = fa3c.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 17, 17, seqused_q=used, causal=True)
+    g = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    want_dk, want_dv = torch.zeros_like(dk, dtype=torch.float64), torch.zeros_like(dv, dtype=torch.float64)
+    for b in range(3):
+        qs, ks, ke, n = int(cu_q[b]), int(cu_k[b]), int(cu_k[b + 1]), int(used[b])
+        assert (dq[qs + n:int(cu_q[b + 1])] == 0).all()
+        if n == 0:
+            continue
+        want = attention_ref(q[None, qs:qs + n], k[None, ks:ke], v[None, ks:ke], causal=True)[0]
+        assert (out[qs:qs + n].double() - want[0]).abs().max() < 1e-5
+        wq, wk, wv = torch.autograd.grad(want, (q, k, v), g[None, qs:qs + n].double())
+        assert (dq[qs:qs + n].double() - wq[qs:qs + n]).abs().max() < 1e-4
+        want_dk += wk
+        want_dv += wv
+    assert (dk.double() - want_dk).abs().max() < 1e-4
+    assert (dv.double() - want_dv).abs().max() < 1e-4
+
+
 def test_cpu_compile_fullgraph():
     class Block(torch.nn.Module):
         def __init__(self):
@@ -191,6 +221,13 @@ def test_opcheck_cpu():
         args = (q, k, v, None, None, None, None, None, None, None, 0, 0, 0.25, True, -1, -1, 0.0, 1, False, s)
         torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    # seqused_q, the last argument (default None): out's unused rows are not written, so
+    # the output is compared on a varlen call whose queries are all used
+    cu = torch.tensor([0, 9], dtype=torch.int32)
+    args = (q[0], k[0], v[0], cu, torch.tensor([0, 11], dtype=torch.int32), None, None, None, None, None,
+            9, 11, 0.25, True, -1, -1, 0.0, 1, False, None, torch.tensor([9], dtype=torch.int32))
+    torch.library.opcheck(torch.ops.fa3c.fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
 def test_opcheck_cpu_backward():
