@@ -41,11 +41,18 @@ done
 grep -E "^\[|max err|FAIL" $B/Testing/Temporary/LastTest*.log 2>/dev/null >"$L/errors.log"
 fi
 if [[ $steps == *" sanitizers "* ]] && command -v compute-sanitizer >/dev/null; then
+  # memcheck stops the hang-trap build's 80-key hdim-256 kernel with "invalid program counter"
+  # and no access error (run 118; the release form is clean): the wide cases run on a test
+  # build without the traps.
+  NH=build-gpu-new-notrap
+  timeout 300 cmake -S . -B $NH $on "-DFA3C_INSTANCES=$insts" "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CUDA_FLAGS=$flags" \
+    >"$L/build_notrap.log" 2>&1 && timeout 300 cmake --build $NH -j"$(nproc)" --target test_bwd >>"$L/build_notrap.log" 2>&1
   for tool in memcheck racecheck; do
     for c in "test_bwd bwd_small" "test_bwd bwd_wide_small" "test_fp8_fwd fp8_fwd_small"; do
       [ "${SANITIZE_FP8:-1}" = 0 ] && [ "${c%% *}" = test_fp8_fwd ] && continue
       set -- $c
-      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/$1 $2 >"$L/sanitizer_${tool}_$2.log" 2>&1
+      dir=$B; [ "$2" = bwd_wide_small ] && dir=$NH
+      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $dir/tests/$1 $2 >"$L/sanitizer_${tool}_$2.log" 2>&1
       echo "== compute-sanitizer $tool $2: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/sanitizer_${tool}_$2.log" | tail -1)"
     done
   done
