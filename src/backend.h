@@ -71,9 +71,6 @@ int fa3c_cuda_fwd_last_cluster(void);
 /* Key splits (split-KV) of the last forward kernel launched by this thread;
  * 0 before any (for tests that a call did split). */
 int fa3c_cuda_fwd_last_num_splits(void);
-/* 1 if the last forward kernel launched by this thread copied paged K/V with
- * cp.async (FA3C_FWD_PAGED_COPY_BELOW), 0 if not or before any (for tests of the path). */
-int fa3c_cuda_fwd_last_paged_copies(void);
 
 #ifdef __cplusplus
 }

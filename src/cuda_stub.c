@@ -45,5 +45,3 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) { return 0; }
 int fa3c_cuda_fwd_last_cluster(void) { return 0; }
 
 int fa3c_cuda_fwd_last_num_splits(void) { return 0; }
-
-int fa3c_cuda_fwd_last_paged_copies(void) { return 0; }

@@ -44,7 +44,7 @@ static const fwd_instance fwd_instances[] = {
 
 /* The SM count and L2 size of the current device (0 where unknown). */
 static fa3c_fwd_plan_facts device_facts(void) {
-    fa3c_fwd_plan_facts f = {0, 0, 0, 0, 1, FA3C_FWD_CLUSTER_MASKED};   /* cluster: the instance's */
+    fa3c_fwd_plan_facts f = {0, 0, 0, 0, 1};   /* cluster: the instance's */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -78,10 +78,9 @@ int fa3c_cuda_fwd_block_n(const fa3c_problem *pr) {
 
 /* What this thread's last forward launch chose, for the tests; per thread, as
  * fa3c_last_error is, so that calls from several threads do not race. */
-static _Thread_local int last_cluster, last_num_splits, last_paged_copies;
+static _Thread_local int last_cluster, last_num_splits;
 int fa3c_cuda_fwd_last_cluster(void) { return last_cluster; }
 int fa3c_cuda_fwd_last_num_splits(void) { return last_num_splits; }
-int fa3c_cuda_fwd_last_paged_copies(void) { return last_paged_copies; }
 
 int fa3c_cuda_backend_usable(void) {
     int count = 0, dev = 0, major = 0, minor = 0;
@@ -232,8 +231,6 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)))
         return s;
-    /* Pages whose boxes would be a few rows: cp.async copies instead (kv_copier). */
-    fa3c_fwd_plan_paged_copies(&k, pr, &p->k, &p->v, FA3C_FWD_PAGED_COPY_BELOW);
     k.out = p->out.data;
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];
@@ -252,7 +249,6 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     fa3c_score_log2_factors(pr, &k.score_log2, &k.softcap_pre);
     last_cluster = k.cluster;
     last_num_splits = k.num_splits;
-    last_paged_copies = k.k_data != NULL;
     if (k.num_splits == 1) return inst->launch(&k, stream);
 
     /* Split-KV: the partial results live in stream-ordered memory from the

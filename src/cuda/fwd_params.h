@@ -87,16 +87,10 @@ typedef struct fa3c_fwd_kernel_params {
     int64_t page_table_stride;
     int page_rows;
     fa3c_fast_div div_page_size;
-    /* Paged KV whose boxes would be under FA3C_FWD_PAGED_COPY_BELOW rows
-     * (pages of 1 key, ...; head dims of 128-byte chunk rows): K and V are
-     * copied with cp.async, 16 bytes per lane (fwd_producer.cuh, copy_paged_kv),
-     * from k_data / v_data with strides in elements (page, row, head: pages
-     * are page_size rows apart, and key rows are found as rows of the whole
-     * cache); NULL = TMA boxes (page_rows). One TMA box per key row ran at
-     * ~80 cycles per box (run 86). */
-    const void *k_data, *v_data;
-    int64_t k_stride[3], v_stride[3];
-    int num_pages;   /* a page index outside [0, num_pages) copies zeros, as TMA's bounds do */
+    /* Where the paged K/V copier's pointers, strides and page count were
+     * (removed, docs/KNOBS.md): the fields after keep their offsets, and the
+     * kernels their SASS. Never read. */
+    int64_t unused_copier_fields[9];
     /* Packed sequences (variable-length instances; NULL = fixed length):
      * batch + 1 prefix sums of the query / key counts, device memory. The
      * q / out (k / v) maps are then one batch of batch x seqlen_q (_k) tokens,

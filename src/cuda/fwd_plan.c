@@ -33,26 +33,6 @@ static int gcd(int a, int b) {
 
 int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n) { return gcd(block_n, pr->page_size); }
 
-int fa3c_fwd_plan_paged_copies(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, const fa3c_tensor *kt,
-                               const fa3c_tensor *vt, int copy_below) {
-    k->k_data = k->v_data = NULL;
-    if (!pr->page_table || k->page_rows >= copy_below || pr->headdim < 8 || !FA3C_FWD_PAGED_COPY_ROWS_FIT(pr->headdim))
-        return 0;
-    int64_t k_row = pr->page_size == 1 ? kt->stride[0] : kt->stride[1];
-    int64_t v_row = pr->page_size == 1 ? vt->stride[0] : vt->stride[1];
-    if (k_row > INT32_MAX / 2 || v_row > INT32_MAX / 2 || kt->stride[0] != pr->page_size * k_row ||
-        vt->stride[0] != pr->page_size * v_row || (int64_t)pr->num_pages * pr->page_size > INT32_MAX)
-        return 0;
-    k->k_data = kt->data;
-    k->v_data = vt->data;
-    k->num_pages = pr->num_pages;
-    for (int i = 0; i < 3; i++) {
-        k->k_stride[i] = i == 1 ? k_row : kt->stride[i];
-        k->v_stride[i] = i == 1 ? v_row : vt->stride[i];
-    }
-    return 1;
-}
-
 /* GQA packing (fwd_params.h): the query heads that share a KV head go into
  * the rows of one tile when that takes fewer tiles, i.e. when seqlen_q is
  * short (decode): each K/V block is then loaded once for all of them, and
@@ -149,12 +129,11 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     /* Clusters of two CTAs that share their K/V loads (fwd_params.h): where
      * the row blocks of every (batch, group) pair up, without split-KV, and
      * without a mask or window (both halves of a pair walk the same key
-     * blocks) unless facts->cluster_masked (the pair walks the blocks of both
-     * halves, each warpgroup skipping those masked for all its rows); not
-     * for sequences of their own lengths or paged KV (not built for them
-     * yet). From here on tiles are cluster tiles, dealt out to clusters. */
+     * blocks; masked pairs lost, RESULTS run 81); not for sequences of their
+     * own lengths or paged KV (not built for them yet). From here on tiles
+     * are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
-    k->cluster = facts->cluster > 1 && (unmasked || facts->cluster_masked) && k->num_splits == 1 &&
+    k->cluster = facts->cluster > 1 && unmasked && k->num_splits == 1 &&
                          !k->seqused_k && !k->page_table && !k->cu_seqlens_q && !k->cu_seqlens_k &&
                          k->num_m_blocks % 2 == 0
                      ? 2

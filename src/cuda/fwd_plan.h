@@ -21,8 +21,6 @@ typedef struct fa3c_fwd_plan_facts {
     int block_n;    /* keys per block */
     int cluster;    /* the most CTAs per cluster the instance can run: 2 with
                        FA3C_FWD_CLUSTER = 2, else 1 (0 is taken as 1) */
-    int cluster_masked;   /* 1: clusters under a mask or window too
-                             (FA3C_FWD_CLUSTER_MASKED) */
 } fa3c_fwd_plan_facts;
 
 /* Paged KV: the rows of each K/V box, gcd(block_n, page_size): a box must
@@ -30,19 +28,6 @@ typedef struct fa3c_fwd_plan_facts {
  * which the caller checks (fwd_host.c: any page size for 128-byte rows, an
  * even one for hdim 96's 64-byte rows). */
 int fa3c_fwd_plan_page_rows(const fa3c_problem *pr, int block_n);
-
-/* Paged KV whose boxes (k->page_rows, from fa3c_fwd_plan_tiles) would hold
- * fewer than copy_below rows (FA3C_FWD_PAGED_COPY_BELOW; 0: never): fills
- * the cp.async copier's fields of k (k_data, v_data, their strides and
- * num_pages; fwd_params.h) and returns 1 where the copier takes the call:
- * key rows of 8, 16 or 32 units of 16 bytes (hdim 64, 128, 256: each pass
- * of a copier warp copies whole rows), and K and V whose pages are
- * page_size rows apart with under 2^31 rows in all (the copier finds a key
- * by its 32-bit row in the cache) and rows under 2^31 bytes apart. With
- * pages of one row the row stride is the page's (a dimension of extent 1
- * may have any stride). Else leaves k_data NULL (TMA boxes) and returns 0. */
-int fa3c_fwd_plan_paged_copies(fa3c_fwd_kernel_params *k, const fa3c_problem *pr, const fa3c_tensor *kt,
-                               const fa3c_tensor *vt, int copy_below);
 
 /* The GQA pack the plan would use: heads_q / heads_kv when packing the
  * query heads of a KV head into one tile takes fewer tiles and the group

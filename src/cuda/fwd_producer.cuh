@@ -1,9 +1,7 @@
 // The forward kernel's producer warpgroup (warpgroup 0, fwd_sm90.cuh):
 // the producer (one thread, or in the variable-length instances warp 0)
 // streams Q and the K/V ring with TMA; in the variable-length instances
-// v_guard (warp 1) zeroes the V rows outside a sequence's keys. For small
-// pages, kv_copier (warps 2 and 3, fwd_copier.cuh) copies K and V with
-// cp.async instead.
+// v_guard (warp 1) zeroes the V rows outside a sequence's keys.
 #pragma once
 #include "fwd_smem.cuh"
 #include "trace.cuh"
@@ -105,21 +103,6 @@ FA3C_DEVICE void load_paged_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *b
     }
 }
 
-// Whether copy_paged_kv serves head dim D (fwd_tiles.h; the plan sets
-// p.k_data for those only).
-template <int D>
-constexpr bool paged_copy_fits() {
-    return FA3C_FWD_PAGED_COPY_FITS(D);
-}
-
-// Whether the variable-length instance copies K and V with cp.async in
-// its kv_copier warps (small pages, fwd_params.h k_data) instead of the
-// producer's TMA loads.
-template <int D, bool VARLEN>
-FA3C_DEVICE bool kv_copied(const fa3c_fwd_kernel_params &p) {
-    return VARLEN && paged_copy_fits<D>() && p.k_data;
-}
-
 // Whether this thread of the producer issues its single-thread operations
 // (barrier arrivals, Q and unpaged K/V loads). The producer is thread 0, or
 // in the variable-length instances warp 0, whose lanes share the paged K/V
@@ -214,8 +197,7 @@ FA3C_DEVICE bool next_tile_of(const fa3c_fwd_kernel_params &p, int step, FwdTile
 // (FA3C_FWD_EARLY_Q, Q in registers) during the tile before, after the first
 // of its key blocks at which the Q buffer is already free (the producer
 // never waits for it there: that would hold back the K and V it streams
-// ahead, which short tiles need). With small pages (kv_copied) the
-// kv_copier warps stream K and V, and the producer only Q.
+// ahead, which short tiles need).
 template <int D, int BLOCK_N, int STAGES, bool PAIRED, bool VARLEN>
 FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     enum { EARLY_Q = FA3C_FWD_EARLY_Q && q_in_regs<D>() };
@@ -229,10 +211,8 @@ FA3C_DEVICE void producer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
         if (!q_loaded) produce_q<D, BLOCK_N, STAGES, VARLEN>(p, sm, t, q_uses++);
         q_loaded = false;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
-            if (!kv_copied<D, VARLEN>(p)) {   // else kv_copier's
-                produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
-                produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
-            }
+            produce_k<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n);
+            produce_v<D, BLOCK_N, STAGES, PAIRED, VARLEN>(p, sm, t, ring, n, n == t.n_end - 1, tile_count);
             // The next tile is looked up here, not kept: the producer's 24
             // registers would spill it.
             FwdTile next;
@@ -264,22 +244,6 @@ FA3C_DEVICE void zero_rows(uint8_t *tile, int from, int to, int lane) {
         for (int u = first + lane; u < end; u += 32) st_shared_zero16(base + (c * UNITS + u) * 16);
 }
 
-// With FA3C_FWD_COPY_ASYNC_ARRIVE: the copier's K of slot s has landed
-// (k_landed, the copier lanes' cp.async arrivals); lane 0 fences the
-// proxies, so that wgmma (the async proxy) sees the copies, and lets the
-// consumers read the slot (k_full).
-template <int D, int BLOCK_N, int STAGES>
-FA3C_DEVICE void relay_copied_k(FwdSmem<D, BLOCK_N, STAGES> &sm, int s, uint32_t parity) {
-    if constexpr (paged_copy_fits<D>()) {
-        if (threadIdx.x % 32 == 0) {
-            mbar_wait_parity(&sm.copier.k_landed[s], parity);
-            fence_proxy_async_smem();
-            mbar_arrive(&sm.k_full[s]);
-        }
-        __syncwarp();
-    }
-}
-
 // The variable-length instances' second producer warp. It walks the
 // producer's key blocks; once a V tile has landed, it zeroes the rows past
 // the sequence's last key, then lets the consumers read the slot (v_ready,
@@ -291,10 +255,6 @@ FA3C_DEVICE void relay_copied_k(FwdSmem<D, BLOCK_N, STAGES> &sm, int s, uint32_t
 template <int D, int BLOCK_N, int STAGES>
 FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, STAGES> &sm) {
     const int lane = threadIdx.x % 32;
-    // With FA3C_FWD_COPY_ASYNC_ARRIVE the copier's copies arrive on their
-    // barriers as they land, and this warp, whose own copies are none, makes
-    // them visible to wgmma (the async proxy) for the consumers.
-    const bool relays = FA3C_FWD_COPY_ASYNC_ARRIVE && kv_copied<D, true>(p);
     int ring = 0;
     for (int step = 0, tile; (tile = tile_of_step(p, step, KernelCta())) != NO_MORE_TILES; step++) {
         if (tile == SKIP_STEP) continue;
@@ -302,7 +262,6 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
         if (tile_is_empty(t)) continue;
         for (int n = t.n_end - 1; n >= t.n_begin; n--, ring++) {
             const int s = stage_of(ring, STAGES);
-            if (relays) relay_copied_k(sm, s, phase_of(ring, STAGES));
             mbar_wait_parity(&sm.v_full[s], phase_of(ring, STAGES));
             // Rows [first, end) hold keys of the sequence (key0 + n BLOCK_N + row in [0, keys)); end >= 1:
             // the tile needs a key of block n; first > 0 only for packed keys' first block.
@@ -311,8 +270,6 @@ FA3C_DEVICE void v_guard(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, ST
                 zero_rows<D, BLOCK_N>(sm.v[s], 0, first, lane);
                 zero_rows<D, BLOCK_N>(sm.v[s], end, BLOCK_N, lane);
                 fence_proxy_async_smem();   // the zeros, before P·V (wgmma: the async proxy) reads them
-            } else if (relays) {
-                fence_proxy_async_smem();   // the copier's V, as its K above
             }
             mbar_arrive(&sm.v_ready[s]);   // every lane: each one's zeros are released by its own arrival
         }

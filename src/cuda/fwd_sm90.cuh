@@ -8,8 +8,7 @@
 //                in the variable-length instances (VARLEN: sequences of
 //                their own lengths, seqused_k or cu_seqlens, and paged KV)
 //                a second warp zeroes the V rows outside a sequence's keys
-//                before P·V reads them (v_guard), and for pages of a few
-//                keys two more copy K and V with cp.async (kv_copier);
+//                before P·V reads them (v_guard);
 //   warpgroups 1, 2  consumers: 64 rows each. Per key block:
 //                S = Q·Kᵀ (wgmma, smem x smem), mask, online softmax,
 //                O += P·V (wgmma, P from registers).
@@ -24,12 +23,11 @@
 // smem and TMA stores where the smem has room (store_tile_tma).
 //
 // Files: fwd_smem.cuh (the smem layout, ring and tile walk all roles
-// share), fwd_producer.cuh (warpgroup 0), fwd_copier.cuh (its paged-KV
-// copier warps), fwd_consumer.cuh (the consumer warpgroups) and
-// fwd_epilogue.cuh (their O and LSE stores); this file has
+// share), fwd_producer.cuh (warpgroup 0), fwd_consumer.cuh (the consumer
+// warpgroups) and fwd_epilogue.cuh (their O and LSE stores); this file has
 // the register budgets and the kernel that gives each warpgroup its role.
 #pragma once
-#include "fwd_copier.cuh"   // and fwd_producer.cuh
+#include "fwd_producer.cuh"
 #include "fwd_consumer.cuh"
 
 // The setmaxnreg budgets of an instance (fwd_tiles.h). The variable-length
@@ -67,14 +65,8 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
         mbar_init(&sm.q_empty, 4 * FA3C_FWD_CONSUMERS(D));             // one per consumer warp
         mbar_init(&sm.o_free, FA3C_FWD_CONSUMERS(D) * cluster);        // one per consumer warpgroup
         for (int s = 0; s < STAGES; s++) {
-            // Who fills a slot: the producer's TMA (one arrival), or when kv_copier copies K and V
-            // (kv_copied) one arrival per copier warp, or with FA3C_FWD_COPY_ASYNC_ARRIVE one per
-            // copier lane, on k_landed (v_guard then arrives on k_full) and v_full.
-            const bool copied = kv_copied<D, VARLEN>(p), lanes = copied && FA3C_FWD_COPY_ASYNC_ARRIVE;
-            mbar_init(&sm.k_full[s], copied && !lanes ? FA3C_FWD_COPIER_WARPS : 1);
-            mbar_init(&sm.v_full[s], !copied ? 1 : lanes ? 32 * FA3C_FWD_COPIER_WARPS : FA3C_FWD_COPIER_WARPS);
-            if constexpr (paged_copy_fits<D>())
-                if (lanes) mbar_init(&sm.copier.k_landed[s], 32 * FA3C_FWD_COPIER_WARPS);
+            mbar_init(&sm.k_full[s], 1);   // the producer's TMA: one arrival
+            mbar_init(&sm.v_full[s], 1);
             mbar_init(&sm.k_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             mbar_init(&sm.v_empty[s], 4 * FA3C_FWD_CONSUMERS(D) * cluster);
             if (VARLEN) mbar_init(&sm.v_ready[s], 32);   // v_guard's lanes
@@ -95,8 +87,6 @@ __global__ void __launch_bounds__(FA3C_FWD_THREADS(D), 1) fwd_kernel(const __gri
             else producer<D, BLOCK_N, STAGES, false, VARLEN>(p, sm);
         } else if (VARLEN && threadIdx.x / 32 == 1) {
             v_guard<D, BLOCK_N, STAGES>(p, sm);
-        } else if (VARLEN && threadIdx.x / 32 >= 2 && threadIdx.x / 32 < 2 + FA3C_FWD_COPIER_WARPS) {
-            kv_copier<D, BLOCK_N, STAGES>(p, sm, threadIdx.x / 32 - 2);
         }
     } else {
         reg_alloc<RegBudget<D, VARLEN>::CONSUMER>();

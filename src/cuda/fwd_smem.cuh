@@ -2,7 +2,7 @@
 // agrees on: the named barriers, the layout of Q, the K/V ring, the
 // barriers and the O staging (FwdSmem), ring slots and parities, the tile
 // layout the TMA boxes and wgmma descriptors share, and the tile walk the
-// producer, v_guard, kv_copier and the consumers all follow.
+// producer, v_guard and the consumers all follow.
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
@@ -52,19 +52,6 @@ struct OStaging {
 template <>
 struct OStaging<0> {};
 
-// kv_copier's smem: the page lookups of one key block (copy_paged_kv), a
-// row per key, where the copies read them (a register array of them spilled
-// the copier's 32-40 registers; V of a block reuses K's), and with
-// FA3C_FWD_COPY_ASYNC_ARRIVE the barriers its copies of K arrive on once
-// landed (v_guard hands them on to k_full).
-template <int BLOCK_N, int STAGES>
-struct CopierSmem {
-    uint64_t k_landed[STAGES];
-    int row[BLOCK_N];
-};
-template <int STAGES>
-struct CopierSmem<0, STAGES> {};
-
 template <int D, int BLOCK_N, int STAGES>
 struct FwdSmem {
     static constexpr int O_PLACE = o_stage_place<D, BLOCK_N, STAGES>();
@@ -77,7 +64,6 @@ struct FwdSmem {
     uint64_t o_free;           // O_STAGE_IN_V: the O stores of a tile have read the V ring
     float softmax_anchor[4];   // one per consumer warpgroup, written, never read: see pin_softmax()
     uint64_t v_ready[STAGES];  // variable-length instances: V slot landed and guarded (v_guard)
-    CopierSmem<FA3C_FWD_PAGED_COPY_FITS(D) ? BLOCK_N : 0, STAGES> copier;   // kv_copier's page lookups
     OStaging<O_PLACE == O_STAGE_OWN ? FA3C_FWD_CONSUMERS(D) * 64 * D * 2 : 0> staging;
 };
 

@@ -177,16 +177,6 @@
 #if FA3C_FWD_CLUSTER != 1 && FA3C_FWD_CLUSTER != 2
 #error "FA3C_FWD_CLUSTER must be 1 or 2"
 #endif
-/* With FA3C_FWD_CLUSTER = 2: 1 pairs row blocks under a causal mask or
- * window too. A cluster tile then walks the key blocks of its 2 BLOCK_M
- * rows, and each warpgroup skips the leading blocks masked for all its rows,
- * as in any tile (warpgroup_part): under a causal mask rank 0 skips the
- * diagonal blocks only rank 1 needs (one at hdim 128; 2-3 with 64-key
- * blocks at hdim 256), waiting for them. 0 (default): clusters only without
- * a mask or window; masked pairs lost at causal 512 (docs/KNOBS.md). */
-#ifndef FA3C_FWD_CLUSTER_MASKED
-#define FA3C_FWD_CLUSTER_MASKED 0
-#endif
 /* 1: under a causal mask (a right bound) the partial row block's idle
  * warpgroups go to the top (fwd_params.h, m_shift), so the tile with the
  * most keys has all its warpgroups computing; 0: at the bottom, and the
@@ -245,50 +235,5 @@
  * columns (128 B rows, 128B swizzle) when D is a multiple of 64, else 32
  * (64 B rows, 64B swizzle; hdim 96). */
 #define FA3C_FWD_CHUNK_COLS(D) ((D) % 64 == 0 ? 64 : 32)
-
-/* Paged KV caches whose TMA boxes would hold fewer rows than this are
- * copied with cp.async instead (fwd_params.h, k_data; fwd_producer.cuh,
- * kv_copier), in hdim 64, 128 and 256; 0: always TMA boxes, the copier
- * compiled out. Off: its first version was correct on the GPU but no faster
- * than one-row TMA boxes; the pipelined one (spill-free compiled in) has not
- * run yet (docs/KNOBS.md). Test with
- * EXTRA_FLAGS=-DFA3C_FWD_PAGED_COPY_BELOW=8 tools/gpu_check.sh. */
-#ifndef FA3C_FWD_PAGED_COPY_BELOW
-#define FA3C_FWD_PAGED_COPY_BELOW 0
-#endif
-/* Head dims the copier serves: a key row's 16-byte units (D / 8) divide the
- * warp, so each pass copies whole rows (64, 128, 256); FITS: and it is
- * compiled in. */
-#define FA3C_FWD_PAGED_COPY_ROWS_FIT(D) (32 % ((D) / 8) == 0)
-#define FA3C_FWD_PAGED_COPY_FITS(D) (FA3C_FWD_PAGED_COPY_BELOW > 0 && FA3C_FWD_PAGED_COPY_ROWS_FIT(D))
-/* Warps of the producer warpgroup that copy with cp.async (kv_copier),
- * each its part of every tile's rows: 2 (warps 2 and 3) or 1 (warp 2). One
- * warp issues ~25 instructions per 16-byte copy per lane (SASS): 512 bytes
- * per 25-40 cycles, at best about an SM's share of HBM; two double it. */
-#ifndef FA3C_FWD_COPIER_WARPS
-#define FA3C_FWD_COPIER_WARPS 2
-#endif
-#if FA3C_FWD_COPIER_WARPS != 1 && FA3C_FWD_COPIER_WARPS != 2
-#error "FA3C_FWD_COPIER_WARPS: 1 or 2 (warps 2 and 3 of the producer warpgroup)"
-#endif
-/* Page-table loads a copier lane has in flight when it looks up its part of
- * a key block (fwd_producer.cuh, look_up_cache_rows; V reuses K's
- * lookups): by default 2 with two copier warps, all of a part's lookups at
- * once (64 rows, 40 at hdim 256), and 1 with one warp, one after the other
- * (more spills 20 bytes at hdim 64 there). */
-#ifndef FA3C_FWD_COPY_LOOKUPS
-#define FA3C_FWD_COPY_LOOKUPS FA3C_FWD_COPIER_WARPS
-#endif
-/* How the copier hands a landed tile over. 0: each lane waits for its
- * copies (cp.async.wait_group, one tile kept in flight) and fences the
- * proxies, then lane 0 arrives on the full barrier. 1: each lane arrives on
- * the barrier with cp.async.mbarrier.arrive.noinc once its copies land, and
- * never waits for them; v_guard, which has no copies in flight, observes
- * the barrier, fences and arrives for the consumers (fwd_producer.cuh,
- * v_guard). For A/B: 0's fence is a MEMBAR that may wait for the next
- * tile's copies too. */
-#ifndef FA3C_FWD_COPY_ASYNC_ARRIVE
-#define FA3C_FWD_COPY_ASYNC_ARRIVE 0
-#endif
 
 #endif

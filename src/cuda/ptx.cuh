@@ -280,11 +280,7 @@ FA3C_DEVICE void st_shared_f32x4(float *dst, float x, float y, float z, float w)
                  : "memory");
 }
 
-// A 32-bit integer at a shared address, stored and loaded (32-bit
-// addresses: a generic pointer held two registers).
-FA3C_DEVICE void st_shared_s32(uint32_t addr, int x) {
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
-}
+// Loads at a 32-bit shared address (a generic pointer held two registers).
 FA3C_DEVICE float2 ld_shared_f32x2(uint32_t addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
@@ -299,36 +295,6 @@ FA3C_DEVICE int ld_shared_s32(uint32_t addr) {
 // 16 zero bytes at a 16-byte aligned shared address (PTX ISA 9.7.9.10, st).
 FA3C_DEVICE void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
-}
-
-// ---- cp.async: 16-byte copies global -> shared (PTX ISA 9.7.9.8) ------------
-
-// Copy 16 bytes (both addresses 16-byte aligned), past the L1 (.cg); with
-// `valid` false read nothing and write 16 zero bytes (src-size 0).
-FA3C_DEVICE void cp_async_16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-// Close a group of this thread's cp.async copies (cp_async_wait_group).
-FA3C_DEVICE void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Arrive on `bar` once all of this thread's cp.async copies issued so far
-// have landed (asynchronously: the thread goes on). .noinc: the arrival is
-// one of the count the barrier was initialised with (PTX ISA,
-// cp.async.mbarrier.arrive).
-FA3C_DEVICE void cp_async_arrive_noinc(uint64_t *bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// Wait until every cp.async copy of this thread has landed, in a group or not.
-FA3C_DEVICE void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Wait until all but the newest LEFT of this thread's cp.async groups have
-// landed in smem.
-template <int LEFT>
-FA3C_DEVICE void cp_async_wait_group(void) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(LEFT) : "memory");
 }
 
 // Keep the compiler from moving accumulator accesses across fences/waits.
@@ -391,7 +357,6 @@ FA3C_DEVICE void named_bar_arrive(int id, int count) {
 FA3C_SPECIAL_REG(cluster_cta_rank, "cluster_ctarank")
 FA3C_SPECIAL_REG(cluster_id_x, "clusterid.x")
 FA3C_SPECIAL_REG(cluster_count_x, "nclusterid.x")
-FA3C_SPECIAL_REG(grid_ctas_x, "nctaid.x")
 #undef FA3C_SPECIAL_REG
 
 // Every thread of the cluster that has not exited arrives and waits for the

@@ -118,15 +118,6 @@ struct KernelCta {
         return FA3C_FWD_CLUSTER > 1 ? (int)cluster_id_x() : (int)blockIdx.x;
     }
 };
-// KernelCta whose grid size is read from the special register at each use
-// (asm volatile: never hoisted into a register held across a loop), for a
-// warp whose registers are too few to hold it (kv_copier, fwd_producer.cuh).
-struct KernelCtaRereads {
-    __device__ __forceinline__ int grid() const {
-        return FA3C_FWD_CLUSTER > 1 ? (int)cluster_count_x() : (int)grid_ctas_x();
-    }
-    __device__ __forceinline__ int index() const { return KernelCta().index(); }
-};
 struct HostCta {
     int grid_size, cta_index;
     __host__ __device__ __forceinline__ int grid() const { return grid_size; }
@@ -135,11 +126,9 @@ struct HostCta {
 
 // What the CTA of rank `rank` in a cluster of `cluster` CTAs computes of
 // tile number `tile`: the tile itself (cluster 1), or (p.cluster = 2,
-// fwd_params.h) its block_m rows of the cluster tile of 2 block_m rows. Both
-// halves walk the key blocks of the whole cluster tile, its unmasked range
-// included (they share every K/V load); without a mask or window those are
-// each half's own, and under one (FA3C_FWD_CLUSTER_MASKED) each warpgroup
-// skips the blocks masked for all its rows (warpgroup_part).
+// fwd_params.h) its block_m rows of the cluster tile of 2 block_m rows. The
+// plan uses clusters only without a mask or window, so both halves walk the
+// same key blocks (they share every K/V load).
 template <bool VARLEN = false>
 FA3C_HOST_DEVICE FwdTile cta_tile_at(const fa3c_fwd_kernel_params &p, int tile, int cluster, int rank, int block_m,
                                      int block_n) {

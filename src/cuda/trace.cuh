@@ -50,7 +50,7 @@ __device__ unsigned long long fa3c_trace_stamps[FA3C_TRACE_CTAS * FA3C_TRACE_ROL
 
 // Stamp `event` of key block `ring` for `role`, from the role's first thread
 // (a consumer warpgroup's; for the producer role the first lane of the warp
-// stamping: the producer, thread 0 or warp 0, or the first kv_copier warp).
+// stamping: the producer, thread 0 or warp 0).
 FA3C_DEVICE void trace(int role, int ring, int event) {
 #if FA3C_FWD_TRACE
     bool leader = role == FA3C_TRACE_PRODUCER ? threadIdx.x % 32 == 0 : threadIdx.x % 128 == 0;

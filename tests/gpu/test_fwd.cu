@@ -7,7 +7,6 @@
 #include "gpu_util.cuh"
 #include "testutil.h"
 #include "cpu/cpu.h"
-#include "cuda/fwd_plan.h"
 #include "cuda/fwd_tiles.h"
 #include "backend.h"
 
@@ -289,13 +288,6 @@ static void run_case(const char *label, fwd_case c) {
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
-        if (ps) {   // the path fwd_host.c chose: cp.async copies for boxes under FA3C_FWD_PAGED_COPY_BELOW rows
-            int box = fa3c_fwd_plan_page_rows(&g.problem, fa3c_cuda_fwd_block_n(&g.problem));
-            int want = box < FA3C_FWD_PAGED_COPY_BELOW && FA3C_FWD_PAGED_COPY_FITS(D);
-            if (run == 0) printf("    paged K/V %s\n", fa3c_cuda_fwd_last_paged_copies() ? "copied (cp.async)" : "as TMA boxes");
-            CHECK(fa3c_cuda_fwd_last_paged_copies() == want, "pages of %d (boxes of %d rows): copier %d, want %d", ps,
-                  box, fa3c_cuda_fwd_last_paged_copies(), want);
-        }
         CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaMemcpy(gout[run], dout, n_out * es, cudaMemcpyDeviceToHost));
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, B * HQ * SQ * 4, cudaMemcpyDeviceToHost));
@@ -599,31 +591,26 @@ TEST(fwd_o_staged_in_v_many_tiles) {
 // A shape for the cluster tests, run without split-KV.
 typedef struct {
     fa3c_dtype dt;
-    int b, sq, sk, hq, hkv, d, causal, left, right;
+    int b, sq, sk, hq, hkv, d;
     float softcap;
     const char *what;
 } cluster_case;
 
 // Runs each case and checks that it ran in pairs where the build pairs it:
 // in a build with clusters (-DFA3C_FWD_CLUSTER=2) every case here has an
-// even number of row blocks, so the unmasked ones pair, and the masked ones
-// too with -DFA3C_FWD_CLUSTER_MASKED=1 (fwd_plan.c). In a default build the
-// unmasked hdim-256 ones pair (the main hdim-256 instances are clustered:
-// FA3C_FWD_CLUSTER_256), and the others are plain forward cases.
+// even number of row blocks and no mask, so each one pairs (fwd_plan.c). In
+// a default build the hdim-256 ones pair (the main hdim-256 instances are
+// clustered: FA3C_FWD_CLUSTER_256), and the others are plain forward cases.
 static void run_cluster_cases(const cluster_case *cases, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const cluster_case *k = &cases[i];
         fwd_case c = base_case(k->dt, k->b, k->sq, k->sk, k->hq, k->d);
         c.heads_kv = k->hkv;
-        c.causal = k->causal;
-        c.window_left = k->left;
-        c.window_right = k->right;
         c.softcap = k->softcap;
         c.num_splits = 1;
         run_case(k->what, c);
-        const int masked = k->causal || k->left >= 0 || k->right >= 0;
         const int clustered = FA3C_FWD_CLUSTER > 1 || (k->d == 256 && FA3C_FWD_CLUSTER_256 == 2);
-        const int want = !clustered || (masked && !FA3C_FWD_CLUSTER_MASKED) ? 1 : 2;
+        const int want = clustered ? 2 : 1;
         CHECK(fa3c_cuda_fwd_last_cluster() == want, "%s: ran in clusters of %d, want %d", k->what,
               fa3c_cuda_fwd_last_cluster(), want);
     }
@@ -631,54 +618,33 @@ static void run_cluster_cases(const cluster_case *cases, size_t n) {
 
 TEST(fwd_cluster_pairs) {
     REQUIRE_SM90();
-    printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_MASKED=%d FA3C_FWD_CLUSTER_256=%d\n", FA3C_FWD_CLUSTER,
-           FA3C_FWD_CLUSTER_MASKED, FA3C_FWD_CLUSTER_256);
+    printf("FA3C_FWD_CLUSTER=%d FA3C_FWD_CLUSTER_256=%d\n", FA3C_FWD_CLUSTER, FA3C_FWD_CLUSTER_256);
     const cluster_case cases[] = {
-        {BF16, 2, 512, 512, 40, 40, 128, 0, -1, -1, 0.f, "hdim128, more cluster tiles than clusters"},
-        {BF16, 1, 1000, 777, 3, 3, 128, 0, -1, -1, 0.f, "hdim128, ragged keys"},
-        {BF16, 1, 130, 300, 2, 2, 128, 0, -1, -1, 0.f, "hdim128, rank 1's second warpgroup idle"},
-        {FP16, 2, 384, 600, 12, 2, 64, 0, -1, -1, 20.f, "hdim64 (384-row pairs), GQA 6:1, softcap"},
-        {BF16, 1, 256, 333, 4, 4, 96, 0, -1, -1, 0.f, "hdim96 (64-byte swizzle, register stores)"},
-        {BF16, 1, 256, 500, 4, 4, 192, 0, -1, -1, 0.f, "hdim192 (O staged in the V ring)"},
-        {FP16, 1, 512, 300, 64, 8, 256, 0, -1, -1, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
-        {BF16, 1, 256, 50, 40, 40, 256, 0, -1, -1, 0.f, "hdim256, one key block per tile"},
+        {BF16, 2, 512, 512, 40, 40, 128, 0.f, "hdim128, more cluster tiles than clusters"},
+        {BF16, 1, 1000, 777, 3, 3, 128, 0.f, "hdim128, ragged keys"},
+        {BF16, 1, 130, 300, 2, 2, 128, 0.f, "hdim128, rank 1's second warpgroup idle"},
+        {FP16, 2, 384, 600, 12, 2, 64, 20.f, "hdim64 (384-row pairs), GQA 6:1, softcap"},
+        {BF16, 1, 256, 333, 4, 4, 96, 0.f, "hdim96 (64-byte swizzle, register stores)"},
+        {BF16, 1, 256, 500, 4, 4, 192, 0.f, "hdim192 (O staged in the V ring)"},
+        {FP16, 1, 512, 300, 64, 8, 256, 0.f, "hdim256, GQA 8:1, several tiles per cluster"},
+        {BF16, 1, 256, 50, 40, 40, 256, 0.f, "hdim256, one key block per tile"},
         // O staged in the V ring across several tiles per cluster: with one key
         // block per tile warpgroup 0 stages in the previous tile's slot; an
         // idle warpgroup in every rank-1 tile; hdim 192.
-        {BF16, 2, 256, 50, 80, 80, 256, 0, -1, -1, 0.f, "hdim256, one key block per tile, several tiles per cluster"},
-        {BF16, 2, 130, 300, 80, 80, 256, 0, -1, -1, 0.f, "hdim256, idle warpgroup, several tiles per cluster"},
-        {BF16, 1, 256, 400, 80, 80, 192, 0, -1, -1, 0.f, "hdim192, several tiles per cluster"},
-        // Under a mask: rank 0 skips the diagonal blocks only rank 1 needs; rows
-        // that see no key (sq > sk), a whole rank of them (512 / 100); the
-        // partial tile's idle warpgroups above row 0 (m_shift: sq 130, and 200
-        // at hdim 64 with two); GQA unpacked (group 3) and packed (group 4);
-        // windows; O staged in the V ring across several tiles per cluster,
-        // with one key block per tile too.
-        {BF16, 2, 512, 512, 40, 40, 128, 1, -1, -1, 0.f, "causal hdim128, several tiles per cluster"},
-        {BF16, 1, 512, 200, 4, 4, 128, 1, -1, -1, 0.f, "causal sq > sk: rows without keys"},
-        {FP16, 1, 130, 130, 6, 2, 128, 1, -1, -1, 0.f, "causal, idle warpgroup above row 0, GQA 3:1"},
-        {BF16, 1, 64, 300, 8, 2, 128, 1, -1, -1, 0.f, "causal, GQA 4:1 packed"},
-        {BF16, 1, 512, 100, 4, 4, 128, 1, -1, -1, 0.f, "causal, rank 0 without keys"},
-        {BF16, 1, 384, 500, 6, 6, 64, 1, -1, -1, 0.f, "causal hdim64 (384-row pairs)"},
-        {BF16, 1, 200, 200, 4, 4, 64, 1, -1, -1, 0.f, "causal hdim64, two idle warpgroups above row 0"},
-        {BF16, 2, 512, 512, 40, 40, 256, 1, -1, -1, 0.f, "causal hdim256, several tiles per cluster"},
-        {BF16, 2, 256, 256, 80, 80, 192, 1, -1, -1, 0.f, "causal hdim192, several tiles per cluster"},
-        {BF16, 2, 256, 50, 80, 80, 256, 1, -1, -1, 0.f, "causal hdim256, one key block per tile"},
-        {BF16, 1, 512, 512, 8, 8, 256, 0, 100, 20, 0.f, "window (100, 20) hdim256"},
-        {BF16, 1, 256, 600, 4, 4, 192, 0, 150, -1, 0.f, "left window only hdim192"},
+        {BF16, 2, 256, 50, 80, 80, 256, 0.f, "hdim256, one key block per tile, several tiles per cluster"},
+        {BF16, 2, 130, 300, 80, 80, 256, 0.f, "hdim256, idle warpgroup, several tiles per cluster"},
+        {BF16, 1, 256, 400, 80, 80, 192, 0.f, "hdim192, several tiles per cluster"},
     };
     run_cluster_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
 // A few small paired shapes for compute-sanitizer (tools/gpu_cluster.sh):
-// a plain pair, O staged in the V ring with one key block per tile, and a
-// causal pair with an idle warpgroup above row 0 (with FA3C_FWD_CLUSTER_MASKED).
+// a plain pair, and O staged in the V ring with one key block per tile.
 TEST(fwd_cluster_pairs_small) {
     REQUIRE_SM90();
     const cluster_case cases[] = {
-        {BF16, 1, 256, 300, 2, 2, 128, 0, -1, -1, 0.f, "pair hdim128"},
-        {BF16, 1, 256, 50, 2, 2, 256, 0, -1, -1, 0.f, "pair hdim256, one key block"},
-        {BF16, 1, 130, 130, 2, 2, 128, 1, -1, -1, 0.f, "causal pair, idle warpgroup above row 0"},
+        {BF16, 1, 256, 300, 2, 2, 128, 0.f, "pair hdim128"},
+        {BF16, 1, 256, 50, 2, 2, 256, 0.f, "pair hdim256, one key block"},
     };
     run_cluster_cases(cases, sizeof cases / sizeof cases[0]);
 }
@@ -890,9 +856,7 @@ TEST(fwd_paged_kv) {
     run_case("hdim256, pages of 40", paged_case(used_case(base_case(BF16, 2, 64, 400, 2, 256), 399, 121, 0, 0), 40));
     run_case("hdim192, pages of 56", paged_case(used_case(causal_case(BF16, 2, 64, 400, 2, 192), 400, 57, 0, 0), 56));
     // Boxes that start inside a swizzle atom: pages of 1 (SGLang's default), 3, 12 and 17 keys (boxes of
-    // 1 or 4 rows), and hdim 96's 64-byte rows with even pages (boxes of 2). With
-    // FA3C_FWD_PAGED_COPY_BELOW=8 boxes under 8 rows are cp.async copies for hdim 64, 128 and 256 (the
-    // first three cases and the last; fwd_params.h, k_data), TMA boxes for hdim 96 and 192.
+    // 1 or 4 rows), and hdim 96's 64-byte rows with even pages (boxes of 2).
     c = used_case(base_case(BF16, 3, 1, 700, 16, 128), 700, 313, 1, 0);
     c.heads_kv = 2;
     run_case("decode gqa 8, pages of 1", paged_case(c, 1));
@@ -900,14 +864,8 @@ TEST(fwd_paged_kv) {
     run_case("hdim256, pages of 12", paged_case(used_case(base_case(FP16, 2, 64, 300, 2, 256), 299, 13, 0, 0), 12));
     run_case("hdim192 causal, pages of 17", paged_case(used_case(causal_case(BF16, 2, 50, 300, 2, 192), 300, 18, 0, 0), 17));
     run_case("hdim96, pages of 6", paged_case(used_case(base_case(BF16, 2, 33, 250, 2, 96), 250, 7, 0, 0), 6));
-    // Key counts at the edges of the copier warps' halves of a block (64 of 128 keys; 40 of 80 at hdim
-    // 256): the second warp with no rows, one row, and all of its rows.
-    run_case("hdim128, pages of 1, halves' edges",
-             paged_case(used_case(base_case(BF16, 4, 20, 200, 2, 128), 64, 65, 192, 127), 1));
-    run_case("hdim256, pages of 2, halves' edges",
-             paged_case(used_case(base_case(BF16, 4, 20, 200, 2, 256), 40, 41, 120, 79), 2));
-    // 8 x 10 x 2 = 160 tiles: CTAs take several, so the copier waits for the last tile's O stores to read
-    // the V slot hdim 256 stages O in (o_free).
+    // 8 x 10 x 2 = 160 tiles: CTAs take several, so the producer waits for the last tile's O stores to
+    // read the V slot hdim 256 stages O in (o_free).
     run_case("hdim256 causal, pages of 1, 160 tiles",
              paged_case(used_case(causal_case(BF16, 8, 256, 300, 10, 256), 300, 161, 256, 1), 1));
 }
@@ -917,7 +875,7 @@ TEST(fwd_paged_kv_small) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
     run_case("small paged hdim128", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 16));
-    // Pages of 1: one-row TMA boxes, or with FA3C_FWD_PAGED_COPY_BELOW > 0 cp.async copies (kv_copier).
+    // Pages of 1: one-row TMA boxes.
     run_case("small paged hdim128, pages of 1", paged_case(used_case(causal_case(BF16, 2, 70, 300, 2, 128), 129, 37, 0, 0), 1));
 }
 

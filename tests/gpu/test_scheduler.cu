@@ -432,75 +432,13 @@ TEST(scheduler_paged_kv_plan) {
     c.pr.num_pages = 64;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 1};
+    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2};
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 1 &&
               p.page_table == table && p.page_table_stride == 4 && p.page_rows == 128 && p.div_page_size.d == 256,
           "paged plan: cluster %d, page rows %d, page size %d", p.cluster, p.page_rows, p.div_page_size.d);
     c.pr.page_table = NULL;   // the same plan without pages pairs
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 2, "unpaged: cluster %d",
           p.cluster);
-}
-
-// Which paged calls the cp.async copier takes (fa3c_fwd_plan_paged_copies),
-// for a build with FA3C_FWD_PAGED_COPY_BELOW = 8 (the threshold is an
-// argument, so CI checks the rule whatever the build's).
-static int paged_copies(fa3c_problem *pr, const fa3c_tensor *kt, const fa3c_tensor *vt, int copy_below,
-                        fa3c_fwd_kernel_params *p) {
-    memset(p, 0, sizeof *p);
-    p->page_rows = fa3c_fwd_plan_page_rows(pr, 128);
-    return fa3c_fwd_plan_paged_copies(p, pr, kt, vt, copy_below);
-}
-
-TEST(scheduler_paged_copies_plan) {
-    static char cache[64];   // never read: only the pointers are compared
-    const int32_t table[1] = {0};
-    fa3c_problem pr;
-    memset(&pr, 0, sizeof pr);
-    pr.page_table = table;
-    pr.page_table_stride = 1;
-    pr.page_size = 1;
-    pr.num_pages = 1000;
-    pr.headdim = 128;
-    // Pages of one key of 8 heads: the row stride of the extent-1 dim is anything; the page's counts.
-    fa3c_tensor kt = {cache, {8 * 128, 12345, 128, 1}}, vt = {cache + 16, {8 * 128, 7, 128, 1}};
-    fa3c_fwd_kernel_params p;
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 1 && p.k_data == cache && p.v_data == cache + 16 &&
-              p.num_pages == 1000 && p.k_stride[0] == 1024 && p.k_stride[1] == 1024 && p.k_stride[2] == 128 &&
-              p.v_stride[1] == 1024,
-          "pages of 1: taken %d, strides %lld %lld %lld", p.k_data != NULL, (long long)p.k_stride[0],
-          (long long)p.k_stride[1], (long long)p.k_stride[2]);
-    CHECK(paged_copies(&pr, &kt, &vt, 0, &p) == 0 && p.k_data == NULL, "copier compiled out: not taken");
-    const int dims[5][2] = {{64, 1}, {96, 0}, {128, 1}, {192, 0}, {256, 1}};   // whole rows per pass
-    for (int i = 0; i < 5; i++) {
-        pr.headdim = dims[i][0];
-        CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == dims[i][1], "hdim %d: taken %d", dims[i][0], p.k_data != NULL);
-    }
-    pr.headdim = 128;
-    // Pages of 4 keys, 4 rows apart (boxes of 4 rows): taken, rows 1024 elements apart.
-    pr.page_size = 4;
-    kt.stride[0] = vt.stride[0] = 4 * 1024;
-    kt.stride[1] = vt.stride[1] = 1024;
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 1 && p.k_stride[1] == 1024, "pages of 4: taken %d",
-          p.k_data != NULL);
-    vt.stride[0] = 5 * 1024;   // V's pages padded: not page_size rows apart
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "padded V pages: taken");
-    vt.stride[0] = 4 * 1024;
-    pr.page_size = 16;         // boxes of 16 rows: TMA
-    kt.stride[0] = vt.stride[0] = 16 * 1024;
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "pages of 16: taken");
-    CHECK(paged_copies(&pr, &kt, &vt, 17, &p) == 1, "pages of 16 below 17: not taken");
-    pr.page_size = 4;
-    kt.stride[0] = vt.stride[0] = 4 * 1024;
-    pr.num_pages = 1 << 29;    // 2^31 rows: past the copier's 32-bit rows
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "2^31 rows: taken");
-    pr.num_pages = 1000;
-    kt.stride[1] = (int64_t)1 << 30;   // rows 2^31 bytes apart
-    kt.stride[0] = 4 * kt.stride[1];
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "rows 2^31 bytes apart: taken");
-    kt.stride[1] = 1024;
-    kt.stride[0] = 4 * 1024;
-    pr.page_table = NULL;
-    CHECK(paged_copies(&pr, &kt, &vt, 8, &p) == 0, "no page table: taken");
 }
 
 TEST(scheduler_random_plans) {
@@ -517,11 +455,9 @@ TEST(scheduler_random_plans) {
 // fewer when the launch finds that not all fit on the GPU at once,
 // fwd_launch.cuh): both CTAs of a cluster get the same (batch, KV head) and
 // key blocks and neighbouring row blocks; every row block of every (batch,
-// group) comes once; the blocks hold every key each row sees, and unmasked
-// blocks mask none (without a mask the blocks are each half's own). 0 when
-// something is wrong.
-static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, int clusters, int unmasked,
-                         const char *what) {
+// group) comes once; the blocks are each half's own (no mask or window), and
+// hold every key each row sees. 0 when something is wrong.
+static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, int clusters, const char *what) {
     const int blocks = p.num_m_blocks * 2, pairs = p.batch * p.groups;
     int *visits = (int *)calloc((size_t)pairs * blocks, sizeof(int));
     int ok = 1;
@@ -547,8 +483,7 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                 const FwdTile &t = r[k];
                 int begin, end;
                 key_block_range<false>(p, t, t.m0, c->block_m, c->block_n, begin, end);
-                ok = unmasked ? begin == t.n_begin && end == t.n_end
-                              : t.m0 + c->block_m <= 0 || begin >= end || (begin >= t.n_begin && end <= t.n_end);
+                ok = begin == t.n_begin && end == t.n_end;
                 CHECK(ok, "%s: rank %d at m0 %d needs blocks [%d, %d), walks [%d, %d)", what, k, t.m0, begin, end,
                       t.n_begin, t.n_end);
                 for (int row = first_row(t.m0); row <= last_row<false>(p, t, t.m0, c->block_m) && ok; row++) {
@@ -559,30 +494,6 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
                     ok = lo / c->block_n >= t.n_begin && hi / c->block_n < t.n_end && bad < 0;
                     CHECK(ok, "%s: rank %d row %d keys [%d, %d]: blocks [%d, %d), unmasked [%d, %d)", what, k, row, lo,
                           hi, t.n_begin, t.n_end, t.u_begin, t.u_end);
-                }
-                // As consumer() dispatches each warpgroup (fwd_consumer.cuh): empty, idle, or
-                // consumer_tile (SKIP_MASKED under a right bound): the blocks it computes,
-                // [t.n_begin, w.n_end), hold every key of its rows and mask where needed.
-                for (int wg = 0; wg < c->block_m / 64 && ok; wg++) {
-                    const int wg_m0 = t.m0 + 64 * wg;
-                    if (tile_is_empty(t) || (unsigned)wg_m0 >= (unsigned)p.rows) {
-                        ok = wg_m0 >= 0 || (k == 0 && wg_m0 + p.m_shift >= 0);
-                        CHECK(ok, "%s: rank %d warpgroup %d idle at %d", what, k, wg, wg_m0);
-                        continue;
-                    }
-                    FwdTile w = p.window_right >= 0 ? warpgroup_part(p, t, wg, c->block_n) : t;
-                    ok = w.n_end > t.n_begin && w.n_end <= t.n_end;
-                    CHECK(ok, "%s: rank %d warpgroup %d computes [%d, %d) of [%d, %d)", what, k, wg, t.n_begin, w.n_end,
-                          t.n_begin, t.n_end);
-                    for (int row = wg_m0; row <= last_row<false>(p, t, wg_m0, 64) && ok; row++) {
-                        int lo, hi;
-                        key_range<false>(p, t, row, lo, hi);
-                        if (lo > hi) continue;
-                        int bad = masked_block_in(max(w.u_begin, t.n_begin), min(w.u_end, w.n_end), lo, hi, c->block_n);
-                        ok = lo / c->block_n >= t.n_begin && hi / c->block_n < w.n_end && bad < 0;
-                        CHECK(ok, "%s: rank %d warpgroup %d row %d keys [%d, %d]: computes [%d, %d), unmasked [%d, %d)",
-                              what, k, wg, row, lo, hi, t.n_begin, w.n_end, w.u_begin, w.u_end);
-                    }
                 }
                 if (ok) visits[(size_t)(t.batch * p.groups + t.group) * blocks + (t.m0 + p.m_shift) / c->block_m]++;
             }
@@ -597,37 +508,36 @@ static int walk_clusters(const fa3c_fwd_kernel_params &p, const plan_case *c, in
 }
 
 // The plan with clusters of two CTAs (fwd_params.h; FA3C_FWD_CLUSTER = 2
-// builds), without (masked = 0) or also with (FA3C_FWD_CLUSTER_MASKED)
-// masks: used exactly where the row blocks pair up (an even number of them,
-// no split-KV, and no mask or window unless masked), and then walked as the
-// kernel's clusters would (walk_clusters). Returns 0 when something is
-// wrong, else the cluster size.
-static int check_cluster_plan(const plan_case *c, int masked) {
+// builds): used exactly where the row blocks pair up (an even number of
+// them, no split-KV, no mask or window), and then walked as the kernel's
+// clusters would (walk_clusters). Returns 0 when something is wrong, else
+// the cluster size.
+static int check_cluster_plan(const plan_case *c) {
     const fa3c_problem problem = problem_of(c);   // the variable-length arrays: never paired (not built for them)
     const fa3c_problem *pr = &problem;
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2, masked};
+    fa3c_fwd_plan_facts facts = {c->sms, c->l2_bytes, c->block_m, c->block_n, 2};
     int pack = fa3c_fwd_plan_pack(pr, c->block_m);
     char what[200];
     snprintf(what, sizeof what,
-             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d masked %d", pr->batch,
+             "b %d hq %d hkv %d d %d sq %d sk %d causal %d window (%d,%d) splits %d sms %d", pr->batch,
              pr->heads_q, pr->heads_kv, pr->headdim, pr->seqlen_q, pr->seqlen_k, pr->causal, pr->window_left,
-             pr->window_right, c->num_splits, c->sms, masked);
+             pr->window_right, c->num_splits, c->sms);
     int ok = fa3c_fwd_plan_tiles(&p, pr, pack, c->num_splits, &facts) == FA3C_STATUS_OK;
     CHECK(ok, "%s: plan failed", what);
     if (!ok) return 0;
     const int blocks = (p.rows + c->block_m - 1) / c->block_m;   // row blocks of block_m per (batch, group)
     const int unmasked = !pr->causal && pr->window_left < 0 && pr->window_right < 0;
-    const int can = (unmasked || masked) && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k &&
+    const int can = unmasked && p.num_splits == 1 && blocks % 2 == 0 && !pr->seqused_k &&
                     !pr->cu_seqlens_q && !pr->cu_seqlens_k;
     ok = p.cluster == (can ? 2 : 1) && p.num_m_blocks * p.cluster == blocks && p.grid % p.cluster == 0 &&
          (c->sms <= 0 || !FA3C_FWD_PERSISTENT || p.grid <= c->sms);
     CHECK(ok, "%s: cluster %d (want %d), %d blocks of %d rows, grid %d", what, p.cluster, can ? 2 : 1,
           p.num_m_blocks, c->block_m * p.cluster, p.grid);
     if (!ok || p.cluster == 1) return ok;
-    ok = walk_clusters(p, c, p.grid / 2, unmasked, what) &&
-         (!FA3C_FWD_PERSISTENT || walk_clusters(p, c, (p.grid / 2 * 2 + 2) / 3, unmasked, what));
+    ok = walk_clusters(p, c, p.grid / 2, what) &&
+         (!FA3C_FWD_PERSISTENT || walk_clusters(p, c, (p.grid / 2 * 2 + 2) / 3, what));
     return ok ? 2 : 0;
 }
 
@@ -664,7 +574,7 @@ TEST(scheduler_decode_packs_and_splits) {
 }
 
 TEST(scheduler_cluster_pairs) {
-    int paired = 0, paired_masked = 0;
+    int paired = 0;
     for (int i = 0; i < 3000; i++) {
         plan_case c = random_case();
         c.varlen = i % 10 == 0;   // a tenth with seqused_k (and perhaps cu_seqlens), which must never pair
@@ -675,48 +585,25 @@ TEST(scheduler_cluster_pairs) {
             c.pr.window_left = c.pr.window_right = -1;
             c.num_splits = 1;
         }
-        int cluster = check_cluster_plan(&c, 0);
+        int cluster = check_cluster_plan(&c);
         if (!cluster) return;
         paired += cluster == 2;
-        cluster = check_cluster_plan(&c, 1);   // FA3C_FWD_CLUSTER_MASKED
-        if (!cluster) return;
-        paired_masked += cluster == 2 && i % 2 == 0;
     }
-    CHECK(paired >= 300 && paired_masked >= 100, "only %d of 3000 random plans used clusters (%d of the masked half "
-          "with FA3C_FWD_CLUSTER_MASKED)", paired, paired_masked);
-    // Masked pairs the random plans may miss: rank 0 above row 0 (m_shift 64;
-    // hdim 64: 128, two idle warpgroups), GQA without packing under m_shift,
-    // GQA packed, rank 0 without any key in a non-empty cluster tile, windows.
-    const struct { int d, sq, sk, hq, hkv, causal, left, right; } m[] = {
-        {128, 130, 130, 6, 2, 1, -1, -1}, {64, 200, 200, 4, 4, 1, -1, -1}, {128, 64, 300, 8, 2, 1, -1, -1},
-        {128, 512, 100, 4, 4, 1, -1, -1}, {256, 512, 512, 8, 8, 0, 100, 20}, {192, 256, 600, 4, 4, 0, 150, -1},
-        {256, 256, 50, 80, 80, 1, -1, -1}};
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
-        plan_case mc = fixed_case(m[i].d, 2, m[i].hq, m[i].hkv, m[i].sq, m[i].sk, 132);
-        mc.pr.causal = m[i].causal;
-        mc.pr.window_left = m[i].left;
-        mc.pr.window_right = m[i].right;
-        mc.num_splits = 1;
-        CHECK(check_cluster_plan(&mc, 1) == 2, "masked case %zu pairs", i);
-        if (m[i].d == 256) {   // and the short-causal instance's 64-key blocks
-            mc.block_n = 64;
-            CHECK(check_cluster_plan(&mc, 1) == 2, "masked case %zu pairs (64-key blocks)", i);
-        }
-    }
+    CHECK(paired >= 300, "only %d of 3000 random plans used clusters", paired);
     // The grid's shapes without a mask: hdim 128 at 512 (4 row blocks per
     // head) pairs up; 1024 cluster tiles on 66 clusters.
     plan_case c = fixed_case(128, 32, 16, 16, 512, 512, 132);
     c.num_splits = 1;
-    CHECK(check_cluster_plan(&c, 0) == 2, "hdim 128, 512");
+    CHECK(check_cluster_plan(&c) == 2, "hdim 128, 512");
     fa3c_fwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 0};
+    fa3c_fwd_plan_facts facts = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2};
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts) == FA3C_STATUS_OK && p.cluster == 2 && p.num_tiles == 1024 &&
               p.grid == 132,
           "hdim 128, 512: cluster %d, %d tiles, grid %d (want 2, 1024, 132)", p.cluster, p.num_tiles, p.grid);
     // hdim 64 at 512: 3 row blocks of 192, which do not pair.
     c = fixed_case(64, 32, 32, 32, 512, 512, 132);
-    fa3c_fwd_plan_facts facts64 = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2, 0};
+    fa3c_fwd_plan_facts facts64 = {c.sms, c.l2_bytes, c.block_m, c.block_n, 2};
     CHECK(fa3c_fwd_plan_tiles(&p, &c.pr, 1, 1, &facts64) == FA3C_STATUS_OK && p.cluster == 1,
           "hdim 64, 512: cluster %d", p.cluster);
 }
