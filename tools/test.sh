@@ -5,8 +5,12 @@
 # ASan and UBSan, and the Python tests when present.
 # Runs every stage, then exits non-zero if any failed.
 # FA3C_CMAKE_ARGS adds configure options (e.g. -DFA3C_CUDA=OFF).
+# The C tests draw their random inputs from FA3C_SEED, fixed here so that a run
+# (CI's included) is reproducible; FA3C_SEED= (empty) draws a new seed per test
+# process, and each prints its seed for a replay.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export FA3C_SEED=${FA3C_SEED-20261207}
 
 failed=()
 stage() { # stage NAME COMMAND...: run, remember a failure, go on
