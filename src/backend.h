@@ -37,9 +37,9 @@ int fa3c_cuda_pointer_is_device(const void *ptr);   /* 1 if device (or managed) 
 /* bytes from device memory src to host dst, ordered on stream, which it then
  * synchronizes (fa3c_*_check_device). */
 fa3c_status fa3c_cuda_copy_to_host(void *dst, const void *src, size_t bytes, void *stream);
-/* fa3c_append_kv's kernel (src/cuda/append.cu), on validated params. */
+/* fa3c_append_kv's kernel (src/cuda/serving/append.cu), on validated params. */
 fa3c_status fa3c_cuda_append_kv(const fa3c_append_params *p, void *stream);
-/* fa3c_quantize_fp8's kernels (src/cuda/quantize.cu), on validated params. */
+/* fa3c_quantize_fp8's kernels (src/cuda/fp8/quantize.cu), on validated params. */
 fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, void *stream);
 fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream);
 fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream);

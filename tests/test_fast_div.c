@@ -1,9 +1,9 @@
-/* src/cuda/fast_div.h: the multiply-shift division of the tile scheduler,
+/* src/cuda/forward/fast_div.h: the multiply-shift division of the tile scheduler,
  * against C's division, for small and large divisors and dividends up to
  * 2^31 - 1 (the same code runs on the GPU). */
 #include "harness.h"
 #include "testutil.h"
-#include "cuda/fast_div.h"
+#include "cuda/forward/fast_div.h"
 
 static int check_one(int32_t n, int32_t d) {
     fa3c_fast_div f = fa3c_fast_div_make(d);

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Generate src/cuda/wgmma.cuh: one inline-asm wrapper per wgmma shape we use.
+"""Generate src/cuda/common/wgmma.cuh: one inline-asm wrapper per wgmma shape we use.
 
 wgmma takes its N/2 f32 accumulators as separate asm operands, so each N needs
 its own asm string; writing them by hand invites typos. Run:
-    python3 tools/gen_wgmma.py > src/cuda/wgmma.cuh
+    python3 tools/gen_wgmma.py > src/cuda/common/wgmma.cuh
 """
 NS = (64, 80, 96, 112, 128, 176, 192, 256)
 NS_SS = (32, 40)   # wgmma_ss alone: the wide backward's S = Q·Kᵀ of 32 or 40 keys per warpgroup (bwd_wide_sm90.cuh)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Clusters of two CTAs sharing K/V loads by TMA multicast (off by default:
-# src/cuda/fwd_tiles.h, FA3C_FWD_CLUSTER) on the Hopper machine: a test
+# src/cuda/forward/fwd_tiles.h, FA3C_FWD_CLUSTER) on the Hopper machine: a test
 # build with them on (hang traps), the multicast step test (test_tma), the
 # scheduler's host checks, the
 # GPU tests (fwd_cluster_pairs runs the shapes that pair up; every
@@ -30,8 +30,8 @@ echo "== fwd_cluster_pairs: rc=$? $(grep -cE 'runs identical 1' "$L/fwd_cluster_
 (cd $B && timeout 300 ctest -L gpu --output-on-failure --timeout 120 -j1) >"$L/gpu_tests_all.log" 2>&1
 echo "== all GPU tests in the cluster build: $(grep -E 'tests passed|tests failed' "$L/gpu_tests_all.log" | tail -1)"
 # The streaming ceiling of the ring's loads, single CTAs against pairs (tools/gpu_l2_stream.cu).
-timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda \
-  -o $B/gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
+timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda/common \
+  -o $B/gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/common/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
   timeout 60 $B/gpu_l2_stream >>"$L/l2_stream.log" 2>&1
 echo "== L2 streaming (gpu_l2_stream): rc=$?"; grep -E "^(mode|single|pairs)" "$L/l2_stream.log" | sed 's/^/   /'
 if command -v compute-sanitizer >/dev/null; then

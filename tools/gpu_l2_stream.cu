@@ -6,8 +6,8 @@
 // CTAs"). One CTA per SM; CTAs 2i and 2i + 1 stream the same head (as the
 // two CTAs of a pair would), heads round-robin; the 16 heads' K (8 MB) stay
 // in the L2. Consumers only wait for each tile and release its slot.
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda \
-//     -o gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/tensor_map.c src/error.c && ./gpu_l2_stream
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda/common \
+//     -o gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/common/tensor_map.c src/error.c && ./gpu_l2_stream
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

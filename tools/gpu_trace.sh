@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Phase trace of the forward kernel on the GPU machine: builds fa3c-run with
-# -DFA3C_FWD_TRACE=1 (src/cuda/trace.cuh) and without, runs a few shapes of
+# -DFA3C_FWD_TRACE=1 (src/cuda/forward/trace.cuh) and without, runs a few shapes of
 # the bench/PEERS.md grid with each, and prints per shape the plain and traced
 # TFLOPS (the trace's cost) and tools/trace_report.py's table: median cycles
 # per phase of a key block, of a tile's first block and of its end, and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tile-size / scheduling ablations on the GPU machine: builds the bf16
 # forward instances once per variant (compile-time knobs of
-# src/cuda/fwd_tiles.h), then times the variants in interleaved rounds
+# src/cuda/forward/fwd_tiles.h), then times the variants in interleaved rounds
 # (A B C, A B C, ...) with bench_fwd_gpu --quick, so that a drift of the
 # card's clock between runs hits every variant alike. The table printed last
 # has the median TFLOPS per variant over the rounds and, for each variant,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise a forward-kernel trace (FA3C_FWD_TRACE=1 builds, src/cuda/trace.cuh).
+"""Summarise a forward-kernel trace (FA3C_FWD_TRACE=1 builds, src/cuda/forward/trace.cuh).
 
     python3 tools/trace_report.py TRACE [--block-flops F] [--timeline N]
 

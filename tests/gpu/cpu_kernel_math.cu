@@ -14,9 +14,9 @@
 //     (fp8_row_columns) and key-block range (fp8_key_blocks) match the mask.
 #include "gpu_util.cuh"
 #include "problem.h"
-#include "../../src/cuda/bwd_sm90.cuh"
-#include "../../src/cuda/bwd_wide_sm90.cuh"
-#include "../../src/cuda/fwd_fp8_sm90.cuh"
+#include "../../src/cuda/backward/bwd_sm90.cuh"
+#include "../../src/cuda/backward/bwd_wide_sm90.cuh"
+#include "../../src/cuda/fp8/fwd_fp8_sm90.cuh"
 
 // The API's mask (src/problem.h) for one pair.
 static int visible(const fa3c_problem *pr, int q, int key, int sq, int sk) {

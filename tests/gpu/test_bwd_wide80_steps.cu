@@ -14,7 +14,7 @@
 #define FA3C_BWD_HDIM256_BLOCK_N 80
 #include <cuda_fp16.h>
 #include "gpu_util.cuh"
-#include "../../src/cuda/bwd_wide_sm90.cuh"
+#include "../../src/cuda/backward/bwd_wide_sm90.cuh"
 
 enum { D = 256, M = 64, N = 80 };
 static_assert(BwdWideSmem<D>::TRANSPOSED, "this test is of the transposed (80-key) form");

@@ -13,7 +13,7 @@
 #include "testutil.h"
 #include "backend.h"
 #include "problem.h"   // fa3c_key_range
-#include "cuda/fp8_prep.h"   // fa3c_fp8_transpose_v
+#include "cuda/fp8/fp8_prep.h"   // fa3c_fp8_transpose_v
 
 typedef struct {
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, headdim;

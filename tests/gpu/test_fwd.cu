@@ -7,7 +7,7 @@
 #include "gpu_util.cuh"
 #include "testutil.h"
 #include "cpu/cpu.h"
-#include "cuda/fwd_tiles.h"
+#include "cuda/forward/fwd_tiles.h"
 #include "backend.h"
 
 typedef struct {

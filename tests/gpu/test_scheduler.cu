@@ -1,4 +1,4 @@
-// The forward kernel's tile plan (src/cuda/fwd_plan.c) and its scheduler
+// The forward kernel's tile plan (src/cuda/forward/fwd_plan.c) and its scheduler
 // (scheduler.cuh, mask.cuh: the same host/device functions the kernel runs),
 // checked on the CPU: no GPU needed, so these run in CI too. For random
 // problems (GQA packing, split-KV, causal, windows, L2 sections, persistent
@@ -20,9 +20,9 @@
 #include "harness.h"
 #include "testutil.h"
 #include "backend.h"
-#include "cuda/fwd_plan.h"
-#include "cuda/fwd_tiles.h"
-#include "cuda/scheduler.cuh"
+#include "cuda/forward/fwd_plan.h"
+#include "cuda/forward/fwd_tiles.h"
+#include "cuda/forward/scheduler.cuh"
 #include "problem.h"
 
 typedef struct {

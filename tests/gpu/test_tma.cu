@@ -7,9 +7,9 @@
 // a few rows from scattered pages (load_paged_kv), and v_guard's zeroing of
 // the rows past a sequence's end (zero_rows).
 #include "gpu_util.cuh"
-#include "../../src/cuda/ptx.cuh"
-#include "../../src/cuda/tensor_map.h"
-#include "../../src/cuda/fwd_sm90.cuh"
+#include "../../src/cuda/common/ptx.cuh"
+#include "../../src/cuda/common/tensor_map.h"
+#include "../../src/cuda/forward/fwd_sm90.cuh"
 
 enum { ROWS = 128, BOX_BYTES = ROWS * 128 };
 

@@ -4,9 +4,9 @@
 // layouts independently of TMA.
 #include "gpu_util.cuh"
 #include "fa3c.h"   // fa3c_float_to_e4m3, fa3c_e4m3_to_float
-#include "../../src/cuda/wgmma.cuh"
-#include "../../src/cuda/bwd_sm90.cuh"   // store_ds, gemm_dq: the backward's dQ = dS·K
-#include "../../src/cuda/fwd_fp8_sm90.cuh"   // the fp8 forward's GEMMs and P fragments
+#include "../../src/cuda/common/wgmma.cuh"
+#include "../../src/cuda/backward/bwd_sm90.cuh"   // store_ds, gemm_dq: the backward's dQ = dS·K
+#include "../../src/cuda/fp8/fwd_fp8_sm90.cuh"   // the fp8 forward's GEMMs and P fragments
 
 extern __shared__ __align__(1024) uint8_t smem_raw[];
 

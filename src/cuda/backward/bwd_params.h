@@ -1,5 +1,5 @@
 /* The backward kernels' parameters (bwd_sm90.cuh, bwd_prep.cu): one POD
- * struct, filled on the host by src/cuda/bwd_host.c and passed by value
+ * struct, filled on the host by src/cuda/backward/bwd_host.c and passed by value
  * (__grid_constant__), so the TMA descriptors live in parameter space. */
 #ifndef FA3C_BWD_PARAMS_H
 #define FA3C_BWD_PARAMS_H

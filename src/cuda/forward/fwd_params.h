@@ -1,5 +1,5 @@
 /* The forward kernel's parameters: one POD struct, filled on the host by
- * src/cuda/fwd_host.c and passed by value (__grid_constant__) so the TMA
+ * src/cuda/forward/fwd_host.c and passed by value (__grid_constant__) so the TMA
  * descriptors inside it live in parameter space, as TMA requires. */
 #ifndef FA3C_FWD_PARAMS_H
 #define FA3C_FWD_PARAMS_H
