@@ -27,6 +27,10 @@ static inline int fa3c_seqlen_k_of(const fa3c_problem *pr, int b) {
     return n;
 }
 
+/* The mask's right bound: causal is the window (left, 0); -1 = unbounded. The
+ * one place that turns causal into a window (the kernels' params take it). */
+static inline int fa3c_window_right(const fa3c_problem *pr) { return pr->causal ? 0 : pr->window_right; }
+
 /* Keys [lo, hi] (inclusive) that query row i may see, for sequence lengths sq, sk.
  * Bottom-right aligned as in FA2/FA3: the diagonal is j = i + sk - sq. The
  * range may be empty (lo > hi): the row is fully masked. */
@@ -34,7 +38,7 @@ static inline void fa3c_key_range(const fa3c_problem *pr, int i, int sq, int sk,
     long diag = (long)i + sk - sq;
     long l = 0, h = sk - 1;
     if (pr->window_left >= 0 && diag - pr->window_left > l) l = diag - pr->window_left;
-    long right = pr->causal ? 0 : pr->window_right; /* causal = window (left, 0) */
+    long right = fa3c_window_right(pr);
     if (right >= 0 && diag + right < h) h = diag + right;
     if (l > sk) l = sk;
     if (h < -1) h = -1;

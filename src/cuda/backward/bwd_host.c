@@ -124,7 +124,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->softcap = pr->softcap;   /* 0 = off (validated >= 0) */
     fa3c_score_log2_factors(pr, &k->score_log2, &k->softcap_pre);   /* as the forward's */
     k->window_left = pr->window_left;
-    k->window_right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
+    k->window_right = fa3c_window_right(pr);
     return FA3C_STATUS_OK;
 }
 

@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "fwd_combine.h"
 #include "fwd_tiles.h"
+#include "problem.h"
 
 /* The tile order's L2 sections (scheduler.cuh): as many (batch, head) pairs
  * as keep their K and V within a quarter of the L2 (two sections may be in
@@ -101,7 +102,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
     k->window_left = pr->window_left;
-    k->window_right = pr->causal ? 0 : pr->window_right;
+    k->window_right = fa3c_window_right(pr);
     k->pack = pack;
     k->groups = pr->heads_q / pack;
     k->rows = pr->seqlen_q * pack;

@@ -10,6 +10,7 @@
 #include "backend.h"
 #include "fp8_host.h"
 #include "fp8_prep.h"
+#include "problem.h"
 #include "built_instances.h"
 #include "tensor_map.h"
 
@@ -117,7 +118,7 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
     k.softmax_scale = pr->softmax_scale;
     k.softcap = pr->softcap;
     k.window_left = pr->window_left;
-    k.window_right = pr->causal ? 0 : pr->window_right;   /* causal = window (left, 0), src/problem.h */
+    k.window_right = fa3c_window_right(pr);
 
     s = fa3c_fp8_transpose_v(&t, stream);
     if (s == FA3C_STATUS_OK) s = find_fp8(d)(&k, stream);
