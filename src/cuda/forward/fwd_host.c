@@ -60,7 +60,7 @@ static fa3c_fwd_plan_facts device_facts(void) {
  * short-causal one where the call qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
-    int right_bound = pr->causal || pr->window_right >= 0;
+    const int right_bound = fa3c_window_right(pr) >= 0;
     int varlen = pr->seqused_k || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
