@@ -56,8 +56,12 @@
 #define FA3C_BWD_CONSUMERS 2
 #define FA3C_BWD_THREADS (128 * (1 + FA3C_BWD_CONSUMERS))
 /* setmaxnreg budgets: 24 + 2 x 240 per thread-row is 64512 of the 65536. */
+#ifndef FA3C_BWD_PRODUCER_REGS
 #define FA3C_BWD_PRODUCER_REGS 24
+#endif
+#ifndef FA3C_BWD_CONSUMER_REGS
 #define FA3C_BWD_CONSUMER_REGS 240
+#endif
 /* dQ's fp32 accumulator is in tile order (fa3c_bwd_dq_tile_offset,
  * bwd_params.h): a block's dQ is one contiguous piece, added with vector
  * reductions of 4 floats, a warp's covering 512 contiguous bytes, and no row
