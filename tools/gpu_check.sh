@@ -9,7 +9,7 @@
 # A short call: GPU_TEST_REGEX (ctest -R: only those GPU tests),
 # SANITIZER_CASES="case ..." (only those; "test_bwd:bwd_small" names another
 # test binary's case), FWD_BENCH=0 (decode timings only),
-# SKIP_PY=1, SKIP_PEERS=1.
+# SKIP_PY=1, SKIP_PEERS=1, GPU_DIFF_CASES=N (random problems of the long differential; 0: skip).
 set -u
 MODE=${1:-quick}
 OUT=${OUT:-$PWD/gpu-out}
@@ -51,6 +51,17 @@ fi
 note "GPU tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu_tests.log" | tail -1)"
 grep -E "Failed|\*\*\*|FAIL" "$OUT/gpu_tests.log" | head -20
 grep -E "^\[|max err" build-gpu-debug/Testing/Temporary/LastTest.log 2>/dev/null | head -80 >"$OUT/fwd_errors.log"
+
+# 3b. The GPU differential at length (issue 35): many more random problems than ctest's 24, forward
+# and backward, against the float64 reference, on a new seed each run (printed for a replay).
+# GPU_DIFF_CASES=0 skips it.
+if [ "${GPU_DIFF_CASES:-300}" -gt 0 ]; then
+  for t in test_fwd:fwd_random_problems test_bwd:bwd_random_problems; do
+    FA3C_SEED= FA3C_GPU_DIFF_CASES=${GPU_DIFF_CASES:-300} timeout 300 build-gpu-debug/tests/${t%%:*} ${t#*:} \
+      >"$OUT/differential_${t#*:}.log" 2>&1
+    note "GPU differential ${t#*:} (${GPU_DIFF_CASES:-300} problems): rc=$? $(grep -m1 -E '^seed' "$OUT/differential_${t#*:}.log")"
+  done
+fi
 
 # 4. compute-sanitizer on small cases (memcheck, racecheck): ragged tiles,
 # GQA packing with an idle consumer warpgroup, split-KV and its combine,
