@@ -214,6 +214,41 @@ TEST(bwd_dq_tile_order) {
     CHECK(errors == 0, "%d errors in dQ's tile order", errors);
 }
 
+// The backward's 1-D grid (fa3c_bwd_tile_of_cta): every (key block, K/V head,
+// batch) is one CTA's, a pair's key blocks come in increasing CTA order (the
+// deterministic turns rely on it), and within a section every pair's key
+// block n comes before any pair's key block n + 1 (the longest CTAs first).
+TEST(bwd_grid_order) {
+    int errors = 0, cases = 0;
+    for (int n_blocks = 1; n_blocks <= 9; n_blocks += 2)
+        for (int heads = 1; heads <= 5; heads++)
+            for (int batch = 1; batch <= 4; batch++)
+                for (int section = 1; section <= 8; section *= 2) {
+                    const int pairs = heads * batch, total = n_blocks * pairs;
+                    int *owner = (int *)calloc((size_t)total, sizeof(int)), *last = (int *)malloc(pairs * sizeof(int));
+                    for (int i = 0; i < pairs; i++) last[i] = -1;
+                    int prev_n = 0, prev_section = 0;
+                    for (int cta = 0; cta < total; cta++) {
+                        int n, h, b;
+                        fa3c_bwd_tile_of_cta(cta, n_blocks, heads, batch, section, &n, &h, &b);
+                        if (n < 0 || n >= n_blocks || h < 0 || h >= heads || b < 0 || b >= batch) {
+                            errors++;
+                            continue;
+                        }
+                        const int pair = b * heads + h, sec = pair / section;
+                        owner[pair * n_blocks + n]++;
+                        errors += n != last[pair] + 1;   // key blocks 0, 1, 2, ... of each pair in order
+                        last[pair] = n;
+                        errors += sec < prev_section || (sec == prev_section && n < prev_n);
+                        prev_section = sec, prev_n = n;
+                    }
+                    for (int i = 0; i < total; i++) errors += owner[i] != 1;
+                    free(owner), free(last);
+                    cases++;
+                }
+    CHECK(errors == 0, "%d errors in the backward's grid order over %d shapes", errors, cases);
+}
+
 // Packed sequences' tiles never leave the tensors: a box of `rows` rows at
 // the sequence's token tok0 + fa3c_bwd_rows_start(...) ends by the
 // sequence's end (it may start in the sequence before).

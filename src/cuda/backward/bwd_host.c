@@ -77,6 +77,10 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
                           ">= 2^31 tokens");
     if (pr->batch > 65535 || pr->heads_q > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
+    const int block_n = FA3C_BWD_BLOCK_N(FA3C_BWD_KERNEL_HEADDIM(pr->headdim));
+    if ((int64_t)((pr->seqlen_k + block_n - 1) / block_n) * pr->heads_kv * pr->batch > INT32_MAX)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: key blocks of %d x heads_kv x batch must be "
+                          "below 2^31 (one CTA each)", block_n);
     fa3c_status s;
     int q_outer, q_rows, k_outer, k_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
@@ -87,6 +91,24 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
         (s = check_pair_output("dk", &p->dk)) || (s = check_pair_output("dv", &p->dv)))
         return s;
     return FA3C_STATUS_OK;
+}
+
+/* How many (K/V head, batch) pairs a section of the grid holds
+ * (fa3c_bwd_tile_of_cta). Under a causal mask: as many as keep their Q, dO
+ * and dQ accumulator in about 40 of the L2's 50 MB, rounded down to a power
+ * of two (FA3's choice), so that the longest CTAs of each section start
+ * first while the section's inputs stay in the L2. Otherwise, and with
+ * FA3C_BWD_LPT=0, one pair at a time: every key block's walk is as long,
+ * and the pair's CTAs share its Q and dO. */
+static int grid_section(const fa3c_problem *pr, int kernel_d) {
+    const int pairs = pr->heads_kv * pr->batch;
+    if (!FA3C_BWD_LPT || !pr->causal) return 1;
+    /* per query row: Q and dO (bf16 / fp16) and the fp32 accumulator's row */
+    const int64_t per_pair = (int64_t)pr->seqlen_q * (pr->heads_q / pr->heads_kv) * (2 * kernel_d * 2 + kernel_d * 4);
+    const int64_t fit = (40ll << 20) / (per_pair > 0 ? per_pair : 1);
+    int section = 1;
+    while (2ll * section <= fit && 2 * section <= pairs) section *= 2;
+    return section;
 }
 
 /* The kernel's parameters: TMA maps, sizes, the sequences, scale and mask
@@ -114,6 +136,8 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->heads_kv = pr->heads_kv;
     k->headdim = d;
     k->block_n = block_n;
+    k->num_n_blocks = (pr->seqlen_k + block_n - 1) / block_n;
+    k->section = grid_section(pr, FA3C_BWD_KERNEL_HEADDIM(d));
     k->group = pr->heads_q / pr->heads_kv;
     k->rows_pad = rows_pad;
     k->dk = p->dk.data;

@@ -20,6 +20,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     // The host (C flags) and this kernel (CUDA flags) must agree on the knobs
     // that shape the work: a build that splits them would hang or write past dk.
     if (p->num_m_blocks * FA3C_BWD_BLOCK_M(D) != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
+        p->num_n_blocks != (p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D) || p->section < 1 ||
         !(p->headdim == D || (FA3C_BWD_HDIM96 && D == 128 && p->headdim == 96)))
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d): the host planned %d-row query blocks "
                           "and %d-key CTAs of head dim %d; this kernel was built for %d rows and %d keys (FA3C_BWD_* "
@@ -28,8 +29,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
                           FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
     fa3c_status s = prepare_launch(kernel, smem, FA3C_BWD_THREADS, budget, &launch_regs, "backward kernel", D);
     if (s != FA3C_STATUS_OK) return s;
-    const dim3 grid((unsigned)((p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D)), (unsigned)p->heads_kv,
-                    (unsigned)p->batch);
+    const dim3 grid((unsigned)((int64_t)p->num_n_blocks * p->heads_kv * p->batch));   // < 2^31: checked by the host
     kernel<<<grid, FA3C_BWD_THREADS, smem, stream>>>(*p);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)

@@ -70,6 +70,10 @@ typedef struct fa3c_bwd_kernel_params {
     int window_left, window_right;
     int headdim;               /* the tensors' (96 on hdim 128's kernel: dk, dv columns past it are not written) */
     int block_n;               /* keys per CTA, FA3C_BWD_BLOCK_N: the K/V maps' box rows (the launch checks it) */
+    /* The grid is 1-D: num_n_blocks (the longest sequence's keys / block_n) x heads_kv x batch
+     * CTAs, in sections of `section` (K/V head, batch) pairs, key block major within one
+     * (bwd_tile_of_cta; 1 = each pair's key blocks in turn). */
+    int num_n_blocks, section;
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has
@@ -124,6 +128,24 @@ static inline FA3C_BWD_HD void fa3c_bwd_packed_sequence(const int *cu, int b, in
  * block x rows belong to the block before, or to no block, and are masked. */
 static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, int packed) {
     return packed && block * rows + rows > len ? len - rows : block * rows;
+}
+
+/* The key block, K/V head and batch of CTA `cta` of the 1-D grid: sections
+ * of `section` (K/V head, batch) pairs, the last one narrower where they do
+ * not divide; key block major within a section, heads before batches.
+ * Under a causal mask key block 0 sees the most query blocks, so every
+ * section starts with its longest CTAs and the grid does not end on one
+ * (FA3's LPT order). A pair's lower key blocks come first, as the
+ * deterministic turns need (add_dq_in_turn). */
+static inline FA3C_BWD_HD void fa3c_bwd_tile_of_cta(int cta, int n_blocks, int heads_kv, int batch, int section,
+                                                    int *n_block, int *head_kv, int *b) {
+    const int pairs = heads_kv * batch, per_section = section * n_blocks;   /* <= pairs x n_blocks < 2^31 */
+    const int s = cta / per_section, in_section = cta - s * per_section;
+    const int width = pairs - s * section < section ? pairs - s * section : section;
+    const int pair = s * section + in_section % width;
+    *n_block = in_section / width;
+    *head_kv = pair % heads_kv;
+    *b = pair / heads_kv;
 }
 
 /* dQ's accumulator in tile order (bwd_tiles.h): query

@@ -244,7 +244,7 @@ FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, in
 // one that see query block m have added theirs, add (where both warpgroups
 // add to the same elements, hdim 64 with 64-row blocks, warpgroup 0
 // first), then count this one in. Key block n waits only for lower n of its (head, batch): CTAs
-// that start earlier (blockIdx.x is the key block) and wait only for lower
+// that start earlier (lower blockIdx.x, fa3c_bwd_tile_of_cta) and wait only for lower
 // ones still, so the chain always ends in a CTA that can go on (FA3 relies
 // on the same launch order). One thread spins and releases; the named
 // barrier carries its acquire to the others and their adds to its release.
@@ -430,7 +430,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 
 // ---- the kernel --------------------------------------------------------------------
 
-// Grid: (key blocks of the longest sequence, heads_kv, batch).
+// Grid: 1-D, p.num_n_blocks x heads_kv x batch CTAs (fa3c_bwd_tile_of_cta).
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 64 || D == 128, "this kernel: head dims 64 and 128 (96 on 128's)");
@@ -438,7 +438,8 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
                   "setmaxnreg budgets past the register file");
     extern __shared__ uint8_t smem_raw[];
     BwdSmem<D> &sm = *(BwdSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    int n_block, head_kv, batch;
+    fa3c_bwd_tile_of_cta(blockIdx.x, p.num_n_blocks, p.heads_kv, p.batch, p.section, &n_block, &head_kv, &batch);
 
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);

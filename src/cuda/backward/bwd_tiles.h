@@ -108,6 +108,16 @@
 #define FA3C_BWD_DQ_CLAIM_EARLY 1
 #endif
 
+/* The order of the CTAs under a causal mask (bwd_tile_of_cta): 1 walks
+ * sections of (K/V head, batch) pairs whose Q, dO and dQ fit in the L2,
+ * key block major, so that each section starts with its longest CTAs
+ * (FA3's LPT order); 0 takes one pair's key blocks after another, as
+ * without a mask. Only the host reads it (the kernel follows
+ * params.section). */
+#ifndef FA3C_BWD_LPT
+#define FA3C_BWD_LPT 1
+#endif
+
 /* hdim 96 on hdim 128's kernel (on since its GPU tests passed,
  * docs/KNOBS.md; 0 makes it NOT_SUPPORTED). */
 #ifndef FA3C_BWD_HDIM96

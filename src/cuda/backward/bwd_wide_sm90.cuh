@@ -467,7 +467,7 @@ FA3C_DEVICE void bwd_wide_consumer_of(const fa3c_bwd_kernel_params &p, BwdWideSm
 
 // ---- the kernel --------------------------------------------------------------------
 
-// Grid: (key blocks of N of the longest sequence, heads_kv, batch).
+// Grid: 1-D, p.num_n_blocks x heads_kv x batch CTAs (fa3c_bwd_tile_of_cta).
 template <int D, int FP16>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 192 || D == 256, "the wide backward: head dims 192 and 256");
@@ -476,7 +476,8 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     extern __shared__ uint8_t smem_raw[];
     BwdWideSmem<D> &sm = *(BwdWideSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const int n_block = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+    int n_block, head_kv, batch;
+    fa3c_bwd_tile_of_cta(blockIdx.x, p.num_n_blocks, p.heads_kv, p.batch, p.section, &n_block, &head_kv, &batch);
 
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);

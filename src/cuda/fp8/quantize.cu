@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include "backend.h"
 
-enum { QUANT_THREADS = 256, QUANT_WARPS = QUANT_THREADS / 32, QUANT_ROWS_PER_CTA = 64, QUANT_MAX_PER_LANE = 16 };
+enum { QUANT_THREADS = 256, QUANT_WARPS = QUANT_THREADS / 32, QUANT_ROWS_PER_CTA = 64 };
 
 struct QuantArgs {
     const char *x;
@@ -34,67 +34,79 @@ __device__ __forceinline__ float load_x(const char *row, int c, int dtype) {
     return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
 }
 
-// This lane's values of row r of block (b, g): columns lane * per .. + per - 1
-// with the rotation (per = headdim / 32, or 1 with headdim lanes for headdim
-// < 32), columns lane + 32 k without. Returns how many it holds.
-__device__ int load_row(const QuantArgs &a, int b, int g, int r, float *v, int64_t *out_off) {
+// This lane's values of row r of block (b, g), K of them at most (a
+// compile-time count, so that they stay in registers): with the rotation,
+// columns lane K .. lane K + K - 1 (K = headdim / 32, or 1 with headdim lanes
+// for headdim < 32); without, columns lane + 32 k. Returns how many it holds
+// (a prefix of the K).
+template <int K>
+__device__ int load_row(const QuantArgs &a, int b, int g, int r, float (&v)[K], int64_t *out_off) {
     const int lane = threadIdx.x % 32, h = g * a.group + r / a.seqlen, s = r % a.seqlen;
     const char *row = a.x + ((int64_t)b * a.x_stride[0] + s * a.x_stride[1] + h * a.x_stride[2]) *
                                 (a.dtype == FA3C_DTYPE_FP32 ? 4 : 2);
     *out_off = (int64_t)b * a.out_stride[0] + s * a.out_stride[1] + h * a.out_stride[2];
     if (!a.hadamard) {
         int n = 0;
-        for (int c = lane; c < a.headdim; c += 32) v[n++] = load_x(row, c, a.dtype);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const bool in_row = lane + 32 * k < a.headdim;
+            v[k] = in_row ? load_x(row, lane + 32 * k, a.dtype) : 0.f;
+            n += in_row;
+        }
         return n;
     }
     // Lanes past a short row (headdim < 32) hold zeros but still take part in
     // the shuffles; their partners are all in the row.
-    const int per = a.headdim >= 32 ? a.headdim / 32 : 1;
-    const bool active = lane * per < a.headdim;
-    for (int k = 0; k < per; k++) {
-        const int c = lane * per + k;
+    const bool active = lane * K < a.headdim;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = lane * K + k;
         v[k] = active ? load_x(row, c, a.dtype) * (a.signs ? a.signs[c] : 1.f) : 0.f;
     }
-    for (int hb = 1; hb < a.headdim; hb <<= 1) {
-        if (hb < per) {   // partners in this lane
-            for (int k = 0; k < per; k++)
-                if (!(k & hb)) {
-                    const float x0 = v[k], x1 = v[k + hb];
-                    v[k] = x0 + x1;
-                    v[k + hb] = x0 - x1;
-                }
-        } else {          // partners hb / per lanes away; every lane of the warp takes part
-            const int step = hb / per;
-            const bool upper = (lane & step) != 0;
-            for (int k = 0; k < per; k++) {
-                const float other = __shfl_xor_sync(0xffffffffu, v[k], step);
-                v[k] = upper ? other - v[k] : v[k] + other;
+#pragma unroll
+    for (int hb = 1; hb < K; hb <<= 1)   // partners in this lane
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (!(k & hb)) {
+                const float x0 = v[k], x1 = v[k + hb];
+                v[k] = x0 + x1;
+                v[k + hb] = x0 - x1;
             }
+    for (int hb = K; hb < a.headdim; hb <<= 1) {   // partners hb / K lanes away; every lane takes part
+        const int step = hb / K;
+        const bool upper = (lane & step) != 0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const float other = __shfl_xor_sync(0xffffffffu, v[k], step);
+            v[k] = upper ? other - v[k] : v[k] + other;
         }
     }
-    for (int k = 0; k < per; k++) v[k] *= a.norm;
-    return active ? per : 0;
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] *= a.norm;
+    return active ? K : 0;
 }
 
 // Column of value k of this lane (as load_row laid them out).
+template <int K>
 __device__ __forceinline__ int column(const QuantArgs &a, int k) {
     const int lane = threadIdx.x % 32;
-    if (!a.hadamard) return lane + 32 * k;
-    return lane * (a.headdim >= 32 ? a.headdim / 32 : 1) + k;
+    return a.hadamard ? lane * K + k : lane + 32 * k;
 }
 
+template <int K>
 __global__ void quantize_amax_kernel(const QuantArgs a) {
     const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
     const int warp = threadIdx.x / 32;
     float amax = 0.f;
     for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
          r += QUANT_WARPS) {
-        float v[QUANT_MAX_PER_LANE];
+        float v[K];
         int64_t off;
-        const int n = load_row(a, b, g, r, v, &off);
-        for (int k = 0; k < n; k++) {
+        const int n = load_row<K>(a, b, g, r, v, &off);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
             const float m = fabsf(v[k]);
-            if (m > amax || isnan(m)) amax = isnan(amax) ? amax : m;
+            if (k < n && (m > amax || isnan(m))) amax = isnan(amax) ? amax : m;
         }
     }
     // fabsf leaves no sign bit, so the bits order as the values (NaN above inf).
@@ -102,6 +114,7 @@ __global__ void quantize_amax_kernel(const QuantArgs a) {
     if (threadIdx.x % 32 == 0) atomicMax(&a.amax[blk], __float_as_uint(amax));
 }
 
+template <int K>
 __global__ void quantize_write_kernel(const QuantArgs a) {
     const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
     const float amax = __uint_as_float(a.amax[blk]);
@@ -110,12 +123,21 @@ __global__ void quantize_write_kernel(const QuantArgs a) {
     const int warp = threadIdx.x / 32;
     for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
          r += QUANT_WARPS) {
-        float v[QUANT_MAX_PER_LANE];
+        float v[K];
         int64_t off;
-        const int n = load_row(a, b, g, r, v, &off);
-        for (int k = 0; k < n; k++)
-            a.out[off + column(a, k)] = (uint8_t)__nv_cvt_float_to_fp8(v[k] / descale, __NV_SATFINITE, __NV_E4M3);
+        const int n = load_row<K>(a, b, g, r, v, &off);
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k < n)
+                a.out[off + column<K>(a, k)] = (uint8_t)__nv_cvt_float_to_fp8(v[k] / descale, __NV_SATFINITE, __NV_E4M3);
     }
+}
+
+// Both passes with K values per lane.
+template <int K>
+static void launch_quantize(const QuantArgs &a, dim3 grid, cudaStream_t st) {
+    quantize_amax_kernel<K><<<grid, QUANT_THREADS, 0, st>>>(a);
+    quantize_write_kernel<K><<<grid, QUANT_THREADS, 0, st>>>(a);
 }
 
 extern "C" fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, void *stream) {
@@ -143,8 +165,14 @@ extern "C" fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, voi
                           cudaGetErrorString(e));
     const dim3 grid((unsigned)blocks, (unsigned)chunks);
     cudaMemsetAsync(a.amax, 0, (size_t)blocks * 4, st);
-    quantize_amax_kernel<<<grid, QUANT_THREADS, 0, st>>>(a);
-    quantize_write_kernel<<<grid, QUANT_THREADS, 0, st>>>(a);
+    // Values per lane: headdim / 32 with the rotation (a power of two <= 256), else
+    // ceil(headdim / 32) (headdim <= 512) rounded up to a power of two.
+    const int per = (p->headdim + 31) / 32;
+    if (per <= 1) launch_quantize<1>(a, grid, st);
+    else if (per <= 2) launch_quantize<2>(a, grid, st);
+    else if (per <= 4) launch_quantize<4>(a, grid, st);
+    else if (per <= 8) launch_quantize<8>(a, grid, st);
+    else launch_quantize<16>(a, grid, st);
     e = cudaGetLastError();
     cudaFreeAsync(a.amax, st);
     if (e != cudaSuccess) return fa3c_error(FA3C_STATUS_CUDA_ERROR, "quantize kernels: %s", cudaGetErrorString(e));
