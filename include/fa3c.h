@@ -119,7 +119,8 @@ typedef struct fa3c_problem {
      * Sequence b then has min(seqused_q[b], its queries) queries: the causal
      * diagonal and windows align to that count, out and lse rows past it are
      * not written, and the backward writes zeros to their dq rows. CPU
-     * backends only so far: the CUDA backend returns NOT_SUPPORTED. */
+     * backends; the CUDA forward in bf16 / fp16 (its backward and e4m3
+     * return NOT_SUPPORTED so far). */
     const int32_t *seqused_q;
 } fa3c_problem;
 

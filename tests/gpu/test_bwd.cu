@@ -828,17 +828,19 @@ TEST(bwd_not_supported_is_reported) {
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    const char *what[2] = {"hdim 160", "headdim_v"}, *needle[2] = {"headdim 160", "headdim_v"};
-    for (int i = 0; i < 2; i++) {
+    const char *what[3] = {"hdim 160", "headdim_v", "seqused_q"}, *needle[3] = {"headdim 160", "headdim_v", "seqused_q"};
+    for (int i = 0; i < 3; i++) {
         fa3c_bwd_params q = p;
         if (i == 0) {   // the same buffers viewed with 160 columns
             q.problem.headdim = 160;
             fa3c_tensor *ts[8] = {&q.q, &q.k, &q.v, &q.out, &q.dout, &q.dq, &q.dk, &q.dv};
             for (int j = 0; j < 8; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 160);
-        } else {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
+        } else if (i == 1) {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
             q.problem.headdim_v = 64;
             fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
             for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 64);
+        } else {   // queries used per sequence: the forward takes them, the backward not yet (a device array)
+            q.problem.seqused_q = (const int32_t *)lse;
         }
         fa3c_status s = fa3c_bwd_check(&q);
         printf("  %s: %s: %s\n", what[i], fa3c_status_string(s), fa3c_last_error());

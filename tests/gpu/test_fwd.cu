@@ -897,6 +897,8 @@ typedef struct {
     int num_splits;      // 0: auto (packed_base)
     int fixed_q;         // 1: q and out (batch, lens_q[0], ...) without cu_seqlens_q (every lens_q equal)
     int must_split;      // 1: the call must run with more than one key split
+    int seqused_q;       // 1: sequence b uses its first used_q[b] queries (problem.seqused_q); the
+    int used_q[6];       //    others are NaN in q and their out / lse rows must stay unwritten
 } packed_case;
 
 static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
@@ -937,6 +939,7 @@ static void run_packed_case(const char *label, packed_case c) {
            c.num_splits, c.fixed_q ? "(batch, seqlen_q)" : "packed",
            c.packed_k ? "packed" : "(batch, seqlen_k) with seqused_k");
     for (int b = 0; b < B; b++) printf(" %d/%d", c.lens_q[b], c.lens_k[b]);
+    for (int b = 0; c.seqused_q && b < B; b++) printf("%s%d", b ? "," : ", seqused_q ", c.used_q[b]);
     printf("\n");
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
@@ -958,11 +961,16 @@ static void run_packed_case(const char *label, packed_case c) {
     for (int b = 0; b < B; b++) used[b] = c.lens_k[b];
     if (c.packed_k) p.problem.cu_seqlens_k = cu_k;
     else p.problem.seqused_k = used;
+    if (c.seqused_q) p.problem.seqused_q = c.used_q;
     const int64_t nq = TQ * HQ * D, nk = k_rows * HK * D;
     void *hq = tu_alloc((nq + 1) * es), *hk = tu_alloc((nk + 1) * es), *hv = tu_alloc((nk + 1) * es);
     tu_fill_normal(hq, c.dtype, nq, 1.f);
     tu_fill_normal(hk, c.dtype, nk, 1.f);
     tu_fill_normal(hv, c.dtype, nk, 1.f);
+    // Queries past seqused_q: NaN (a row of its own in the forward, never stored).
+    for (int b = 0; c.seqused_q && b < B; b++)
+        for (int64_t i = (int64_t)(cu_q[b] + c.used_q[b]) * HQ * D; i < (int64_t)cu_q[b + 1] * HQ * D; i++)
+            tu_store(hq, c.dtype, i, NAN);
     const int64_t q_st[4] = {c.fixed_q ? max_q * HQ * D : 0, HQ * D, D, 1},
                   k_st[4] = {c.packed_k ? 0 : max_k * HK * D, HK * D, D, 1};
     memcpy(p.q.stride, q_st, sizeof q_st);
@@ -1000,6 +1008,7 @@ static void run_packed_case(const char *label, packed_case c) {
     void *dv = to_device(hv, (size_t)(nk + 1) * es);
     int32_t *dcu_q = (int32_t *)to_device(cu_q, sizeof cu_q), *dcu_k = (int32_t *)to_device(cu_k, sizeof cu_k);
     int32_t *dused = (int32_t *)to_device(used, sizeof used);
+    int32_t *dused_q = (int32_t *)to_device(c.used_q, sizeof c.used_q);
     void *dout_alloc = NULL;
     float *dlse = NULL;
     CUDA_OK(cudaMalloc(&dout_alloc, (size_t)(nq + 2 * guard) * es));
@@ -1019,6 +1028,7 @@ static void run_packed_case(const char *label, packed_case c) {
         if (!c.fixed_q) g.problem.cu_seqlens_q = dcu_q;
         if (c.packed_k) g.problem.cu_seqlens_k = dcu_k;
         else g.problem.seqused_k = dused;
+        if (c.seqused_q) g.problem.seqused_q = dused_q;
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -1035,9 +1045,25 @@ static void run_packed_case(const char *label, packed_case c) {
         gf[i] = tu_load(gout[0], c.dtype, i);
         lf[i] = tu_load(lowp, c.dtype, i);
     }
+    // Rows past seqused_q: still the poison (NaN) on the GPU; then left out of the comparison.
+    int64_t written_past_used = 0;
+    for (int b = 0; c.seqused_q && b < B; b++)
+        for (int q = c.used_q[b]; q < c.lens_q[b]; q++)
+            for (int h = 0; h < HQ; h++) {
+                const int64_t row = (int64_t)(cu_q[b] + q) * HQ + h;
+                for (int64_t i = row * D; i < (row + 1) * D; i++) {
+                    written_past_used += !isnan(gf[i]);
+                    gf[i] = lf[i] = ref[i] = 0.f;
+                }
+                const int64_t l = c.fixed_q ? ((int64_t)b * HQ + h) * max_q + q : (int64_t)h * TQ + cu_q[b] + q;
+                written_past_used += !isnan(glse[l]);
+                glse[l] = ref_lse[l] = 0.f;
+            }
+    CHECK(written_past_used == 0, "%s: %lld out / lse values written past seqused_q", label,
+          (long long)written_past_used);
     check_outputs(c.dtype, gf, lf, ref, nq, glse, ref_lse, HQ * TQ, memcmp(gout[0], gout[1], (size_t)nq * es) == 0,
                   guards_written(dout_alloc, guard, nq, es));
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused); cudaFree(dused_q);
     cudaFree(dout_alloc); cudaFree(dlse);
     free(hq); free(hk); free(hv); free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
     free(gout[0]); free(gout[1]); free(glse); free(gf); free(lf);
@@ -1157,6 +1183,67 @@ TEST(fwd_packed_sequences_split_kv) {
     run_packed_case("mixed decode and prefill, gqa 4, auto splits", c);
 }
 
+// Queries used per sequence (problem.seqused_q: FA3's, for padded batches and
+// speculative decoding): sequence b has its first used_q[b] queries, the
+// causal diagonal aligned to them; the rows past them are NaN in q and must
+// stay unwritten in out and lse. Packed queries and (batch, seqlen_q) ones,
+// GQA packed into a tile's rows, split-KV (the combine skips those rows too),
+// every head dim. Small enough for compute-sanitizer (tools/gpu_check.sh).
+TEST(fwd_seqused_q) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int a[4] = {300, 1, 5, 129}, ua[4] = {200, 1, 0, 64};
+    packed_case c = packed_base(BF16, 4, 2, 128, a, a);
+    c.causal = 1;
+    c.seqused_q = 1;
+    memcpy(c.used_q, ua, sizeof ua);
+    run_packed_case("hdim128 causal, packed queries", c);
+    const int q64[3] = {150, 150, 150}, k64[3] = {150, 400, 7}, u64[3] = {150, 37, 0};
+    c = packed_base(BF16, 3, 2, 64, q64, k64);
+    c.fixed_q = 1;
+    c.packed_k = 0;
+    c.causal = 1;
+    c.seqused_q = 1;
+    memcpy(c.used_q, u64, sizeof u64);
+    run_packed_case("hdim64 causal, (batch, seqlen_q), keys with seqused_k", c);
+    // Speculative decoding: 4 query slots per sequence, some used; GQA 8 packed into the rows.
+    const int q4[4] = {4, 4, 4, 4}, k4[4] = {700, 100, 1000, 5}, u4[4] = {4, 1, 2, 3};
+    c = packed_base(BF16, 4, 16, 128, q4, k4);
+    c.heads_kv = 2;
+    c.fixed_q = 1;
+    c.packed_k = 0;
+    c.causal = 1;
+    c.seqused_q = 1;
+    memcpy(c.used_q, u4, sizeof u4);
+    run_packed_case("speculative decode, gqa 8, (batch, 4 queries)", c);
+    c.num_splits = 4;
+    c.must_split = 1;
+    run_packed_case("speculative decode, gqa 8, (batch, 4 queries), 4 splits asked", c);
+    const int q256[3] = {81, 0, 300}, k256[3] = {400, 50, 300}, u256[3] = {80, 0, 1};
+    c = packed_base(BF16, 3, 2, 256, q256, k256);
+    c.window_left = 100;
+    c.window_right = 0;
+    c.num_splits = 3;
+    c.must_split = 1;
+    c.seqused_q = 1;
+    memcpy(c.used_q, u256, sizeof u256);
+    run_packed_case("hdim256 window, packed queries, 3 splits", c);
+    const int q96[2] = {33, 130}, k96[2] = {200, 50}, u96[2] = {17, 129};
+    c = packed_base(FP16, 2, 2, 96, q96, k96);
+    c.softcap = 20.f;
+    c.seqused_q = 1;
+    memcpy(c.used_q, u96, sizeof u96);
+    run_packed_case("fp16 hdim96 cross, softcap, packed queries", c);
+    const int q192[2] = {250, 250}, k192[2] = {113, 250}, u192[2] = {113, 200};
+    c = packed_base(BF16, 2, 4, 192, q192, k192);
+    c.heads_kv = 2;
+    c.fixed_q = 1;
+    c.causal = 1;
+    c.seqused_q = 1;
+    memcpy(c.used_q, u192, sizeof u192);
+    run_packed_case("hdim192 gqa causal, (batch, seqlen_q), packed keys", c);
+}
+
 // Small enough for compute-sanitizer (tools/gpu_check.sh).
 TEST(fwd_packed_sequences_small) {
     REQUIRE_SM90();
@@ -1257,9 +1344,10 @@ TEST(fwd_not_supported_is_reported) {
     x.v = tu_tensor(buf, B, S, H, 64);
     x.out = tu_tensor(NULL, B, S, H, 64);
     expect_not_supported("headdim_v", x, "headdim_v");
-    x = p;   // queries used per sequence: CPU backends only so far (a device array, past the tensors)
+    x = p;   // queries used per sequence: not on the fp8 kernel yet (a device array, past the tensors)
+    x.problem.dtype = FA3C_DTYPE_E4M3;
     x.problem.seqused_q = (const int32_t *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
-    expect_not_supported("seqused_q", x, "seqused_q");
+    expect_not_supported("fp8 seqused_q", x, "seqused_q");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
     int32_t host_arrays[16] = {0, S};   // the rest: page 0

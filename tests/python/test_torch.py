@@ -401,6 +401,30 @@ def test_gpu_varlen():
 
 
 @gpu
+def test_gpu_seqused_q_forward():
+    """seqused_q on the CUDA forward: each sequence's first queries, the causal diagonal
+    aligned to them (the rows past them are not written); the backward refuses it."""
+    torch.manual_seed(11)
+    cu_q = torch.tensor([0, 100, 350, 351], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 300, 400, 1000], dtype=torch.int32, device="cuda")
+    used = torch.tensor([37, 250, 0], dtype=torch.int32, device="cuda")
+    q = torch.randn(351, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1000, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = fa3c.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 250, 600, seqused_q=used, causal=True)
+    for b in range(3):
+        qs, qe, ks, ke, n = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1], used[b]))
+        if n:
+            args = (q[None, qs:qs + n], k[None, ks:ke], v[None, ks:ke])
+            want = attention_ref(*args, causal=True)[0][0]
+            naive = attention_ref(*args, causal=True, upcast=False)[0][0]
+            check(out[qs:qs + n], want, naive, 1e-3, "seqused_q seq %d" % b)
+    with pytest.raises(fa3c.Fa3cError, match="seqused_q"):
+        qg = q.detach().requires_grad_()
+        fa3c.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, 250, 600, seqused_q=used, causal=True).sum().backward()
+
+
+@gpu
 @pytest.mark.parametrize("page_size,num_splits", [(16, 1), (1, 0), (64, 4)])
 def test_gpu_kvcache_packed_queries_paged(page_size, num_splits):
     # The serving call (SGLang: pages of 1; vLLM: 16): packed queries, a shuffled paged cache

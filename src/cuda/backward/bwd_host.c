@@ -62,6 +62,12 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
                           "-DFA3C_CUDA_BWD=ON, or use backend CPU)");
     fa3c_status fs = fa3c_cuda_problem_features_supported(pr);
     if (fs != FA3C_STATUS_OK) return fs;
+    /* Queries past seqused_q may hold NaN, and a Q / dO tile that reaches them would
+     * carry it into dK and dV through the GEMMs: they would need zeroing in smem first,
+     * as K and V rows past seqused_k are. */
+    if (pr->seqused_q)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA backward does not take queries used "
+                          "per sequence yet (the forward does; the CPU backends do both)");
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))

@@ -7,8 +7,8 @@
 // with one), as in the one-pass kernel. Packed sequences (cu_seqlens_q): the partials are
 // kept per query of each sequence, as without; query i of sequence b goes
 // to token start_b + i of out, and its LSE to (head, start_b + i) of the
-// (heads_q, total_q) LSE. Rows past a sequence's queries were not written
-// by the forward kernel and are skipped.
+// (heads_q, total_q) LSE. Rows past a sequence's queries (or its seqused_q)
+// were not written by the forward kernel and are skipped.
 #include <cuda_runtime.h>
 #include <math.h>
 #include "backend.h"
@@ -45,13 +45,15 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     // of lse, or for packed sequences token q_start + query of both.
     int64_t out_offset = batch * p.out_stride[0] + query * p.out_stride[1] + head * p.out_stride[2];
     int64_t lse_offset = row;
-    if (p.cu_seqlens_q) {
+    if (rows_from_end(p)) {
         FwdTile seq;   // the sequence's clamped lengths and offsets, as the forward kernel has them
         sequence_of_batch(p, batch, 1, seq);
-        if (query >= seq.seqlen_q) return;   // no such query: nothing was written for it
-        const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as write_lse_packed
-        out_offset = (seq.q_start + query) * p.out_stride[1] + head * p.out_stride[2];
-        lse_offset = head * total + seq.q_start + query;
+        if (query >= seq.seqlen_q) return;   // no such query (or one past seqused_q): nothing was written for it
+        if (p.cu_seqlens_q) {
+            const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as write_lse_from_end
+            out_offset = (seq.q_start + query) * p.out_stride[1] + head * p.out_stride[2];
+            lse_offset = head * total + seq.q_start + query;
+        }
     }
 
     // An attention sink joins the sum as one more split with no value rows.

@@ -73,24 +73,29 @@ FA3C_DEVICE void write_lse(const fa3c_fwd_kernel_params &p, const FwdTile &t, co
     }
 }
 
-// The LSE of packed sequences (cu_seqlens_q): (heads_q, total_q), fa3c.h.
-FA3C_DEVICE void write_lse_packed(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
-                                  const OutRow rows[2], int quad) {
+// The LSE of a tile whose rows end at its sequence's last query
+// (rows_from_end): (heads_q, total_q) for packed sequences (cu_seqlens_q,
+// fa3c.h), else (batch, heads_q, seqlen_q); one indexing for both (a branch
+// between write_lse and this made ptxas spill at hdim 192).
+FA3C_DEVICE void write_lse_from_end(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float lse[2],
+                                    const OutRow rows[2], int quad) {
     if (p.lse && quad == 0) {
-        const int64_t total = min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q);   // as fwd_tile.cuh
+        const int64_t head_stride = p.cu_seqlens_q ? min(max(p.cu_seqlens_q[p.batch], 0), p.batch * p.seqlen_q)
+                                                   : p.seqlen_q;   // total_q as fwd_tile.cuh clamps it
+        const int64_t base = p.cu_seqlens_q ? t.q_start : (int64_t)t.batch * p.heads_q * p.seqlen_q;
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            if (rows[r].valid) p.lse[rows[r].head * total + t.q_start + rows[r].query] = lse[r];
+            if (rows[r].valid) p.lse[base + rows[r].head * head_stride + rows[r].query] = lse[r];
     }
 }
 
 // Whether consumer warpgroup c may store its O rows of tile t as a TMA box:
-// not with packed sequences where its rows start above the sequence's first
-// (the box would write the previous sequence's rows): those go out from
-// registers, row by row.
+// not where its rows start above the sequence's first (rows_from_end: the box
+// would write the previous sequence's rows, or start above row 0): those go
+// out from registers, row by row.
 template <bool VARLEN>
 FA3C_DEVICE bool o_box_allowed(const fa3c_fwd_kernel_params &p, const FwdTile &t, int c) {
-    return !VARLEN || !p.cu_seqlens_q || t.m0 + 64 * c >= 0;
+    return !VARLEN || !rows_from_end(p) || t.m0 + 64 * c >= 0;
 }
 
 // O / sum in the input dtype: packed[j] holds o[2j] and o[2j + 1], which are
@@ -165,12 +170,14 @@ FA3C_DEVICE void store_o_rows(const fa3c_fwd_kernel_params &p, const float *o, c
     }
 }
 
-// The epilogue of a tile of packed sequences (variable-length instances,
-// cu_seqlens_q): rows from the sequence's first token in one batch of
-// tokens; a TMA box where the warpgroup's rows all lie in the sequence,
-// else row by row from registers (o_box_allowed).
+// The epilogue of a tile whose rows end at its sequence's last query
+// (variable-length instances, rows_from_end): packed sequences (cu_seqlens_q),
+// rows from the sequence's first token in one batch of tokens, or queries
+// used per sequence (seqused_q) in (batch, seqlen_q); a TMA box where the
+// warpgroup's rows all lie in the sequence, else row by row from registers
+// (o_box_allowed).
 template <int D, int FP16>
-FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
+FA3C_DEVICE void epilogue_from_end(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
                                  const float inv[2], const float lse[2], const OutRow rows[2], int quad,
                                  uint8_t *stage, int consumer_index, int ring) {
     if (stage && p.out_tma && o_box_allowed<true>(p, t, consumer_index)) {
@@ -180,16 +187,17 @@ FA3C_DEVICE void epilogue_packed(const fa3c_fwd_kernel_params &p, const FwdTile 
         // row of the warpgroup, held through the whole tile, and spilled it.
         const int m0 = D == 64 ? (int)opaque_u32(t.m0) : t.m0;
         const int query0 = t.q_start + (m0 + consumer_index * 64) / p.pack;
-        store_tile_tma<D>(p, packed, query0, t.group, 0, stage, consumer_index, ring);
+        store_tile_tma<D>(p, packed, query0, t.group, p.cu_seqlens_q ? 0 : t.batch, stage, consumer_index, ring);
     } else {
+        const int64_t batch_offset = p.cu_seqlens_q ? 0 : t.batch * p.out_stride[0];
         uint16_t *out[2];
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            out[r] = (uint16_t *)p.out + (int64_t)(t.q_start + rows[r].query) * p.out_stride[1] +
+            out[r] = (uint16_t *)p.out + batch_offset + (int64_t)(t.q_start + rows[r].query) * p.out_stride[1] +
                      rows[r].head * p.out_stride[2];
         store_o_rows<D, FP16>(p, o, inv, rows, out, quad);
     }
-    write_lse_packed(p, t, lse, rows, quad);
+    write_lse_from_end(p, t, lse, rows, quad);
 }
 
 // A row's 1 / sum (0 for a row that saw no key: output 0) and its LSE (natural
@@ -241,8 +249,8 @@ FA3C_DEVICE void epilogue(const fa3c_fwd_kernel_params &p, const FwdTile &t, flo
         return;
     }
     if constexpr (VARLEN) {
-        if (p.cu_seqlens_q) {
-            epilogue_packed<D, FP16>(p, t, o, inv, lse, rows, quad, stage, consumer_index, ring);
+        if (rows_from_end(p)) {
+            epilogue_from_end<D, FP16>(p, t, o, inv, lse, rows, quad, stage, consumer_index, ring);
             return;
         }
     }

@@ -61,7 +61,7 @@ static fa3c_fwd_plan_facts device_facts(void) {
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
     const int right_bound = fa3c_window_right(pr) >= 0;
-    int varlen = pr->seqused_k || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
+    int varlen = pr->seqused_k || pr->seqused_q || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
         if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
@@ -142,9 +142,9 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
                           "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");
-    if (pr->seqused_q)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: queries used per sequence run on the CPU "
-                          "backends only so far (pass the used lengths in cu_seqlens_q instead)");
+    if (pr->seqused_q && pr->dtype == FA3C_DTYPE_E4M3)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA fp8 (e4m3) forward does not take "
+                          "queries used per sequence yet (bf16 and fp16 do; the CPU backends take every dtype)");
     if (pr->headdim_v && pr->headdim_v != pr->headdim)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
                           "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);
@@ -164,7 +164,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: packed sequences (cu_seqlens) of batch x seqlen "
                           ">= 2^31 tokens");
     fa3c_problem fixed = *pr;
-    fixed.seqused_k = NULL;
+    fixed.seqused_k = fixed.seqused_q = NULL;
     fixed.page_table = NULL;
     fixed.cu_seqlens_q = fixed.cu_seqlens_k = NULL;
     if (!find_fwd(&fixed))
@@ -173,7 +173,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
                           "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
     if (!find_fwd(pr))   /* seqused_k or paged KV, and the build has the fixed-length instance only */
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: seqused_k, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
+                          "CUDA forward: seqused_k, seqused_q, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
                           "this build lacks (built unless -DFA3C_CUDA_VARLEN=OFF; or add it to FA3C_INSTANCES)",
                           dtype_name(pr->dtype), pr->headdim);
     /* Paged: boxes of gcd(block_n, page_size) rows, each starting on a

@@ -87,10 +87,16 @@ typedef struct fa3c_fwd_kernel_params {
     int64_t page_table_stride;
     int page_rows;
     fa3c_fast_div div_page_size;
+    /* Queries used per sequence (variable-length instances; NULL = all of
+     * them): batch int32 in device memory, problem.seqused_q. Sequence b has
+     * min(seqused_q[b], its queries) queries; its row blocks are then counted
+     * from that end, as with cu_seqlens_q (scheduler.cuh), so no tile has a
+     * row past it and no O row past it is stored. */
+    const int *seqused_q;
     /* Where the paged K/V copier's pointers, strides and page count were
      * (removed, docs/KNOBS.md): the fields after keep their offsets, and the
      * kernels their SASS. Never read. */
-    int64_t unused_copier_fields[9];
+    int64_t unused_copier_fields[8];
     /* Packed sequences (variable-length instances; NULL = fixed length):
      * batch + 1 prefix sums of the query / key counts, device memory. The
      * q / out (k / v) maps are then one batch of batch x seqlen_q (_k) tokens,

@@ -91,6 +91,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
     k->seqused_k = pr->seqused_k;
+    k->seqused_q = pr->seqused_q;
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;
     /* Paged KV: boxes of gcd(block_n, page_size) rows (fwd_params.h); the
@@ -112,9 +113,9 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * consumer warpgroups of 64 rows, which then idle, so that no warpgroup
      * that computes has rows above row 0 (a TMA store there traps). Not with
      * GQA packing, whose Q box must start at a whole query. */
-    k->m_shift = FA3C_FWD_CAUSAL_SHIFT && k->window_right >= 0 && pack == 1 && !pr->cu_seqlens_q
+    k->m_shift = FA3C_FWD_CAUSAL_SHIFT && k->window_right >= 0 && pack == 1 && !pr->cu_seqlens_q && !pr->seqused_q
                      ? (k->num_m_blocks * facts->block_m - k->rows) / 64 * 64
-                     : 0;   /* packed sequences: each one's tiles end at its end (scheduler.cuh) */
+                     : 0;   /* packed sequences, seqused_q: each one's tiles end at its end (scheduler.cuh) */
     long long tiles = (long long)k->num_m_blocks * pr->batch * k->groups;
     int key_blocks = (pr->seqlen_k + facts->block_n - 1) / facts->block_n;
     /* Packed queries too: the partials are kept per (batch, head, query of
@@ -135,7 +136,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
     k->cluster = facts->cluster > 1 && unmasked && k->num_splits == 1 &&
-                         !k->seqused_k && !k->page_table && !k->cu_seqlens_q && !k->cu_seqlens_k &&
+                         !k->seqused_k && !k->seqused_q && !k->page_table && !k->cu_seqlens_q && !k->cu_seqlens_k &&
                          k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;

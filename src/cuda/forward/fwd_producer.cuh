@@ -22,16 +22,17 @@ FA3C_DEVICE void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, 
 // pack = 1 is a plain block of BLOCK_M queries of one head). Packed
 // sequences (VARLEN, cu_seqlens_q): queries from the sequence's first token
 // on a map of one batch of tokens; rows above 0 (the previous sequence's, or
-// zeros before the tensor's start) are never stored. There m0 may be below 0,
+// zeros before the tensor's start) are never stored. With seqused_q alone the
+// same (rows_from_end), on the map of (batch, seqlen_q). There m0 may be below 0,
 // a multiple of pack (tile_at): a plain division, exact, keeps its sign.
 template <int D, bool VARLEN>
 FA3C_DEVICE void load_q_tile(uint8_t *dst, const fa3c_fwd_kernel_params &p, uint64_t *bar, const FwdTile &t) {
     typedef TileLayout<D> L;
-    if (VARLEN && p.cu_seqlens_q) {
+    if (VARLEN && rows_from_end(p)) {
 #pragma unroll
         for (int c = 0; c < D / L::CHUNK; c++)
             tma_load_5d(dst + c * FA3C_FWD_BLOCK_M(D) * L::ROW_BYTES, &p.q_map, bar, c * L::CHUNK, 0,
-                        t.q_start + t.m0 / p.pack, t.group, 0);
+                        t.q_start + t.m0 / p.pack, t.group, p.cu_seqlens_q ? 0 : t.batch);
         return;
     }
 #pragma unroll

@@ -3,8 +3,9 @@
 // the call's lengths, read from the parameters where they are used; in the
 // variable-length instances (the kernel's VARLEN) the tile carries its
 // sequence's own, looked up once per tile (sequence_of_batch): key counts
-// (seqused_k), and for packed sequences (cu_seqlens) their token offsets,
-// query counts and the key of their first key block.
+// (seqused_k), query counts (seqused_q), and for packed sequences
+// (cu_seqlens) their token offsets, query counts and the key of their first
+// key block.
 #pragma once
 #include "ptx.cuh"
 #include "fwd_params.h"
@@ -43,6 +44,11 @@ FA3C_HOST_DEVICE int tile_key0(const FwdTile &t) {
     return VARLEN ? t.key0 : 0;
 }
 
+// Whether a sequence's row blocks end at its last query (packed queries, or
+// queries used per sequence): then a tile's first rows may lie above row 0
+// (tile_at), and no row past the sequence's end is loaded or stored.
+FA3C_HOST_DEVICE bool rows_from_end(const fa3c_fwd_kernel_params &p) { return p.cu_seqlens_q || p.seqused_q; }
+
 // Sequence b's lengths and offsets into t (variable-length instances). The
 // arrays are device memory the host could not check: each length is kept
 // within [0, the call's maximum] and each packed sequence within the
@@ -66,6 +72,7 @@ FA3C_HOST_DEVICE void sequence_of_batch(const fa3c_fwd_kernel_params &p, int b, 
         k0 = min(max(k0, 0), p.batch * p.seqlen_k - nk);
     }
     if (p.seqused_k) nk = min(max(p.seqused_k[b], 0), nk);
+    if (p.seqused_q) nq = min(max(p.seqused_q[b], 0), nq);
     t.seqlen_q = nq;
     t.rows = nq * p.pack;
     t.seqlen_k = nk;

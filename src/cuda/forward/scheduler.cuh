@@ -44,7 +44,7 @@ FA3C_HOST_DEVICE int tiles_per_section(const fa3c_fwd_kernel_params &p) {
 // The splits of one (batch, group, row block) are consecutive tile numbers.
 // Divisions by launch constants go through fast_div.h. VARLEN: the
 // variable-length instances, whose sequences have their own lengths
-// (sequence_of_batch). With cu_seqlens_q a sequence's row blocks are counted
+// (sequence_of_batch). With cu_seqlens_q or seqused_q a sequence's row blocks are counted
 // from its end (block m_rev covers rows [rows - (m_rev + 1) block_m, + block_m)),
 // so that no Q box reaches past the sequence's end (fwd_tile.cuh); a tile
 // whose rows all lie below 0 is void (tile_is_void): nothing to do.
@@ -64,7 +64,7 @@ FA3C_HOST_DEVICE FwdTile tile_at(const fa3c_fwd_kernel_params &p, int tile, int 
     t.m0 = (p.num_m_blocks - 1 - m_rev) * block_m - (FA3C_FWD_CAUSAL_SHIFT ? p.m_shift : 0);
     if (VARLEN) {
         sequence_of_batch(p, t.batch, block_n, t);
-        if (p.cu_seqlens_q) t.m0 = t.rows - (m_rev + 1) * block_m;
+        if (rows_from_end(p)) t.m0 = t.rows - (m_rev + 1) * block_m;
         if (t.m0 + block_m <= 0) {   // void: no row of the sequence
             t.n_begin = t.n_end = t.u_begin = t.u_end = 0;
             return t;
