@@ -1244,6 +1244,48 @@ TEST(fwd_seqused_q) {
     run_packed_case("hdim192 gqa causal, (batch, seqlen_q), packed keys", c);
 }
 
+// Any head dim, a multiple of 8 up to 256, on the next wider instance (64,
+// 96, 128, 192, 256): TMA reads the columns past the tensors' as zeros and
+// no store may write them (a write there lands in the next head's columns:
+// wrong values, or a race between runs). Row stores, TMA boxes, split-KV's
+// combine, GQA packing, packed sequences and a paged cache.
+TEST(fwd_padded_head_dims) {
+    REQUIRE_SM90();
+    run_case("hdim 8", base_case(BF16, 1, 130, 130, 2, 8));
+    run_case("hdim 40 causal", causal_case(BF16, 2, 200, 200, 2, 40));
+    fwd_case c = causal_case(FP16, 1, 150, 300, 4, 80);   // on hdim 96's kernel
+    c.heads_kv = 2;
+    run_case("hdim 80 fp16 causal gqa", c);
+    c = base_case(BF16, 1, 257, 257, 2, 112);
+    c.softcap = 20.f;
+    run_case("hdim 112 softcap", c);
+    c = base_case(BF16, 2, 1, 2000, 16, 120);             // decode: gqa packing and split-KV
+    c.heads_kv = 2;
+    run_case("hdim 120 decode gqa 8, auto splits", c);
+    run_case("hdim 160", base_case(BF16, 1, 300, 300, 2, 160));
+    c = causal_case(BF16, 1, 100, 700, 2, 200);
+    c.num_splits = 3;
+    run_case("hdim 200 causal, 3 splits", c);
+    c = base_case(FP16, 1, 129, 129, 2, 248);
+    c.out_pad = 8;
+    run_case("hdim 248 fp16, padded output rows", c);
+    int32_t used1 = 1;   // the variable-length kernels (paged KV, packed sequences), where built
+    fa3c_problem vl;
+    memset(&vl, 0, sizeof vl);
+    vl.dtype = FA3C_DTYPE_BF16, vl.headdim = 72, vl.seqused_k = &used1;
+    if (fa3c_cuda_fwd_block_n(&vl) == 0) {
+        printf("  (no variable-length kernels in this build: paged and packed cases not run)\n");
+        return;
+    }
+    c = base_case(BF16, 2, 64, 300, 2, 72);
+    c.page_size = 16;
+    run_case("hdim 72 paged, pages of 16", c);
+    const int q[3] = {100, 1, 250}, k[3] = {120, 77, 250};
+    packed_case p = packed_base(BF16, 3, 2, 176, q, k);
+    p.causal = 1;
+    run_packed_case("hdim 176 packed sequences causal", p);
+}
+
 // Small enough for compute-sanitizer (tools/gpu_check.sh).
 TEST(fwd_packed_sequences_small) {
     REQUIRE_SM90();
@@ -1404,7 +1446,14 @@ TEST(fwd_random_problems) {
     const int varlen = fa3c_cuda_fwd_block_n(&vl) > 0;
     const int page_sizes[6] = {1, 2, 16, 48, 64, 256};
     for (long i = 0; i < n; i++) {
-        const int hkv = tu_rand_int(1, 2), d = dims[tu_rand_int(0, ndims - 1)];
+        int d = dims[tu_rand_int(0, ndims - 1)];
+        if (tu_rand_int(0, 5) == 0) {   // 1 in 6: any head dim (padded), where this build has a kernel for it
+            fa3c_problem pd;
+            memset(&pd, 0, sizeof pd);
+            pd.dtype = FA3C_DTYPE_BF16, pd.headdim = 8 * tu_rand_int(1, 32), pd.seqlen_q = pd.seqlen_k = 1;
+            if (fa3c_cuda_fwd_block_n(&pd) > 0) d = pd.headdim;
+        }
+        const int hkv = tu_rand_int(1, 2);
         fwd_case c = base_case(tu_rand_int(0, 1) ? BF16 : FP16, tu_rand_int(1, 2),
                                tu_rand_int(0, 4) ? tu_rand_int(1, 200) : 1, tu_rand_int(1, 300), hkv, d);   // 1 in 5 decodes
         c.heads_q = hkv * (1 << tu_rand_int(0, 2));
@@ -1421,7 +1470,7 @@ TEST(fwd_random_problems) {
         }
         if (varlen && tu_rand_int(0, 9) < 2) {
             int ps = page_sizes[tu_rand_int(0, 5)];
-            if (d == 96 && ps % 2) ps = 2;
+            if (d > 64 && d <= 96 && ps % 2) ps = 2;   // on hdim 96's kernel: 64-byte rows
             c.page_size = ps;
         }
         char label[32];

@@ -71,7 +71,7 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(pr->headdim))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported (64, 96, 128, 192, 256)",
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported (multiples of 8 up to 256)",
                           pr->headdim);
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "

@@ -68,7 +68,7 @@ typedef struct fa3c_bwd_kernel_params {
     /* -1 = unbounded; causal is right = 0 (bottom-right aligned per sequence:
      * the kernel turns them into a band of key - query offsets, BwdSeq). */
     int window_left, window_right;
-    int headdim;               /* the tensors' (96 on hdim 128's kernel: dk, dv columns past it are not written) */
+    int headdim;               /* the tensors' (FA3C_BWD_KERNEL_HEADDIM: dk, dv columns past it are not written) */
     int block_n;               /* keys per CTA, FA3C_BWD_BLOCK_N: the K/V maps' box rows (the launch checks it) */
     /* The grid is 1-D: num_n_blocks (the longest sequence's keys / block_n) x heads_kv x batch
      * CTAs, in sections of `section` (K/V head, batch) pairs, key block major within one

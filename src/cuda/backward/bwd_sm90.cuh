@@ -274,7 +274,7 @@ FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, const float *dq
 // acc(64 keys x D) * scale to this thread's key rows key0, key0 + 8 of
 // `out` (16-bit; element strides, all even): those in [own_lo, sk_stored),
 // at token tok0 + key (packed sequences: `batch` is 0 then), its first
-// `cols` columns (96 of hdim 128's kernel).
+// `cols` columns (the tensors' head dim: 96 of hdim 128's kernel).
 template <int D, int FP16>
 FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *acc, float scale, int batch,
                                 int head_kv, int tok0, int key0, int own_lo, int sk_stored, int cols) {
@@ -287,7 +287,7 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
                         2 * quad;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
-            if (FA3C_BWD_HDIM96 && D == 128 && 8 * j >= cols) continue;   // hdim 96: its columns only
+            if (8 * j >= cols) continue;   // a narrower head dim: its columns only
             const float x = acc[4 * j + 2 * r] * scale, y = acc[4 * j + 2 * r + 1] * scale;
             *(uint32_t *)(row + 8 * j) = FP16 ? pack_f16x2(x, y) : pack_bf16x2(x, y);
         }

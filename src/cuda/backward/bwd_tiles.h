@@ -14,9 +14,12 @@
  * dPᵀ 64 x 128) fit: twice the work per step for the same per-step costs
  * (waits, barriers, the softmax's loads), wgmma N = 128 for Sᵀ and dPᵀ, and
  * dQ split by query rows between the warpgroups rather than by keys, so no
- * dQ element is added twice (FA3 takes 128 x 128 at hdim 64 too). hdim 96
- * runs on hdim 128's kernel (FA3C_BWD_KERNEL_HEADDIM), its columns 96-127
- * zeros that TMA fills in past the tensors' 96 columns, so 3/4 of its GEMM
+ * dQ element is added twice (FA3 takes 128 x 128 at hdim 64 too).
+ *
+ * Any other head dim (a multiple of 8 up to 256) runs on the next wider
+ * kernel (FA3C_BWD_KERNEL_HEADDIM): TMA fills the columns past the tensors'
+ * with zeros, which add nothing to S, dP or dQ's sums, and the stores write
+ * the tensors' columns only. hdim 96 on hdim 128's kernel: 3/4 of its GEMM
  * work is useful.
  *
  * Head dims 192 and 256 (bwd_wide_sm90.cuh): 64 keys (80 at hdim 256) and
@@ -118,13 +121,8 @@
 #define FA3C_BWD_LPT 1
 #endif
 
-/* hdim 96 on hdim 128's kernel (on since its GPU tests passed,
- * docs/KNOBS.md; 0 makes it NOT_SUPPORTED). */
-#ifndef FA3C_BWD_HDIM96
-#define FA3C_BWD_HDIM96 1
-#endif
-#define FA3C_BWD_HEADDIM_OK(d) \
-    ((d) == 64 || (FA3C_BWD_HDIM96 && (d) == 96) || (d) == 128 || (d) == 192 || (d) == 256)
-#define FA3C_BWD_KERNEL_HEADDIM(d) ((d) == 96 ? 128 : (d))   /* the instance a head dim runs on */
+/* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
+#define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
+#define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
 
 #endif

@@ -269,11 +269,12 @@ FA3C_DEVICE void put_wide_dq(float *buf, uint64_t *dq_full, const float *dq) {
 
 // accᵀ (head-dim columns x keys) * scale to `out` (16-bit; element strides,
 // all even): keys in [own_lo, sk_stored) of the tile's N (from k_start),
-// at token tok0 + key (packed sequences: `batch` is 0 then).
+// at token tok0 + key (packed sequences: `batch` is 0 then), its first `cols`
+// columns (the tensors' head dim: 160 of hdim 192's kernel).
 template <int D, int FP16, int WG>
 FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc)[FA3C_BWD_BLOCK_N(D) / 2],
                                    float scale, int batch, int head_kv, int tok0, int k_start, int own_lo,
-                                   int sk_stored) {
+                                   int sk_stored, int cols) {
     typedef WideShare<D, WG> S;
     enum { N = FA3C_BWD_BLOCK_N(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, quad = lane % 4;
@@ -291,7 +292,7 @@ FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc
                 for (int r = 0; r < 2; r++) {
                     const float x = acc[t][4 * j + 2 * r + e] * scale;
                     const int col = S::KV_COL0 + 64 * t + warp * 16 + lane / 4 + 8 * r;
-                    row[col] = FP16 ? (uint16_t)pack_f16x2(x, 0.f) : (uint16_t)pack_bf16x2(x, 0.f);
+                    if (col < cols) row[col] = FP16 ? (uint16_t)pack_f16x2(x, 0.f) : (uint16_t)pack_bf16x2(x, 0.f);
                 }
         }
 }
@@ -454,8 +455,9 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
     const int k_start = BWD_SEQ(sm, k_start), own_lo = n_block * N, sk_stored = BWD_SEQ(sm, sk_stored);
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
     store_key_columns<D, FP16, WG>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
-                                   sk_stored);
-    store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored);
+                                   sk_stored, p.headdim);
+    store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
+                                   p.headdim);
 }
 
 template <int D, int FP16, int WG>

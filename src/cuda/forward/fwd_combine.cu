@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const f
     uint16_t *out = (uint16_t *)p.out + out_offset;
     const float *o = p.o_partial + row * headdim;
     const int64_t split_stride = rows * headdim;
-    for (int col = 2 * lane; col < headdim; col += 64) {
+    for (int col = 2 * lane; col < p.out_cols; col += 64) {   // the partials' rows are headdim (the kernel's) wide
         float2 acc = make_float2(0.f, 0.f);
 #pragma unroll 8
         for (int s = 0; s < p.num_splits; s++) {

@@ -140,7 +140,9 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const uint32_t 
     }
 }
 
-// O / sum of this thread's two rows from registers to out[r] (rows[r] valid):
+// O / sum of this thread's two rows from registers to out[r] (rows[r] valid),
+// its first p.out_cols columns (p.out_vec16 only where that is all D: one
+// column test in both paths made ptxas spill at hdim 192):
 // with p.out_vec16, each group of four 8-column chunks is transposed across
 // the quad so that every thread stores 16 contiguous bytes (full 32-byte
 // sectors per row instead of half-used ones); otherwise 4-byte stores.
@@ -165,7 +167,8 @@ FA3C_DEVICE void store_o_rows(const fa3c_fwd_kernel_params &p, const float *o, c
 #pragma unroll
         for (int i = 0; i < D / 2; i += 2) {
             int r = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad;
-            if (rows[r].valid) *(uint32_t *)(out[r] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
+            if (rows[r].valid && col < p.out_cols)
+                *(uint32_t *)(out[r] + col) = pack2<FP16>(o[i] * inv[r], o[i + 1] * inv[r]);
         }
     }
 }

@@ -55,16 +55,31 @@ static fa3c_fwd_plan_facts device_facts(void) {
     return f;
 }
 
-/* The instance for this call: the dtype and head dim's variable-length one
- * for calls with seqused_k, a page table or cu_seqlens; else its main one, or its
- * short-causal one where the call qualifies and the build has it. */
+/* The head dim of the kernels a call runs on: the smallest this build has for
+ * the dtype that is at least the call's (0: none). A narrower head dim runs
+ * padded: TMA reads the columns past the tensors' as zeros (they add nothing
+ * to the scores or the output) and the stores write the tensors' columns
+ * only (fwd_params.h, out_cols). */
+static int kernel_headdim(const fa3c_problem *pr) {
+    int best = 0;
+    for (size_t i = 0; fwd_instances[i].launch; i++) {
+        const int d = fwd_instances[i].headdim;
+        if (fwd_instances[i].dtype == pr->dtype && d >= pr->headdim && (best == 0 || d < best)) best = d;
+    }
+    return best;
+}
+
+/* The instance for this call: of its kernel head dim (kernel_headdim), the
+ * variable-length one for calls with seqused_q / _k, a page table or
+ * cu_seqlens; else its main one, or its short-causal one where the call
+ * qualifies and the build has it. */
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
-    const int right_bound = fa3c_window_right(pr) >= 0;
+    const int right_bound = fa3c_window_right(pr) >= 0, headdim = kernel_headdim(pr);
     int varlen = pr->seqused_k || pr->seqused_q || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
-        if (in->dtype != pr->dtype || in->headdim != pr->headdim || in->varlen != varlen) continue;
+        if (in->dtype != pr->dtype || in->headdim != headdim || in->varlen != varlen) continue;
         if (!in->short_causal && !found) found = in;
         if (in->short_causal_keys > 0 && right_bound && pr->seqlen_k <= in->short_causal_keys) return in;
     }
@@ -169,8 +184,8 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     fixed.cu_seqlens_q = fixed.cu_seqlens_k = NULL;
     if (!find_fwd(&fixed))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
-                          "CUDA forward: no kernel for %s headdim %d in this build (head dims 64, 96, 128, 192, 256; "
-                          "see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
+                          "CUDA forward: no kernel for %s headdim %d in this build (it runs on the next wider of "
+                          "head dims 64, 96, 128, 192, 256; see FA3C_INSTANCES)", dtype_name(pr->dtype), pr->headdim);
     if (!find_fwd(pr))   /* seqused_k or paged KV, and the build has the fixed-length instance only */
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: seqused_k, seqused_q, cu_seqlens and paged KV need the variable-length kernel %s_hdim%d_varlen, which "
@@ -180,7 +195,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
      * 128-byte boundary of smem as TMA requires: any page size with rows of
      * 128 bytes per chunk, an even one with hdim 96's 64-byte rows. */
     if (pr->page_table &&
-        fa3c_fwd_plan_page_rows(pr, find_fwd(pr)->block_n) * FA3C_FWD_CHUNK_COLS(pr->headdim) * 2 % 128 != 0)
+        fa3c_fwd_plan_page_rows(pr, find_fwd(pr)->block_n) * FA3C_FWD_CHUNK_COLS(find_fwd(pr)->headdim) * 2 % 128 != 0)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: a paged KV cache with headdim %d needs an even page_size (got %d)",
                           pr->headdim, pr->page_size);
@@ -206,7 +221,8 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
     const fwd_instance *inst = find_fwd(pr);
-    int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(pr->headdim), cols = FA3C_FWD_CHUNK_COLS(pr->headdim);
+    const int kd = inst->headdim;   /* the kernel's head dim: pr->headdim, or wider (padded) */
+    int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(kd), cols = FA3C_FWD_CHUNK_COLS(kd);
     fa3c_fwd_kernel_params k;
     memset(&k, 0, sizeof k);
     fa3c_fwd_plan_facts facts = device_facts();
@@ -235,14 +251,16 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     k.out_stride[0] = p->out.stride[0];
     k.out_stride[1] = p->out.stride[1];
     k.out_stride[2] = p->out.stride[2];
-    k.out_vec16 = (uintptr_t)p->out.data % 16 == 0 && (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) &&
-                  p->out.stride[1] % 8 == 0 && p->out.stride[2] % 8 == 0;
+    k.out_vec16 = kd == pr->headdim && (uintptr_t)p->out.data % 16 == 0 &&
+                  (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) && p->out.stride[1] % 8 == 0 &&
+                  p->out.stride[2] % 8 == 0;
     k.lse = p->lse;
     k.sinks = pr->sinks;
     /* O through TMA stores (instances with smem for it, fwd_epilogue.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
-    k.out_tma = k.num_splits == 1 && pr->headdim % 64 == 0 && 64 % k.pack == 0 &&
+    k.out_cols = pr->headdim;
+    k.out_tma = k.num_splits == 1 && kd % 64 == 0 && 64 % k.pack == 0 &&
                 fa3c_tensor_map_groups(&k.o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k.pack,
                                        pr->headdim, 64, 64) == FA3C_STATUS_OK;
     k.softcap = pr->softcap;   /* 0 = off (validated >= 0) */
@@ -255,7 +273,7 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
      * device's default pool, freed once the combine is queued. */
     size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits;
     void *ws = NULL;
-    cudaError_t e = cudaMallocAsync(&ws, rows * (pr->headdim + 1) * sizeof(float), (cudaStream_t)stream);
+    cudaError_t e = cudaMallocAsync(&ws, rows * (kd + 1) * sizeof(float), (cudaStream_t)stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         /* Auto, or packed queries (whose scratch is sized by batch x the
@@ -268,12 +286,12 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
         }
         return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
                           "split-KV: cudaMallocAsync of %zu B for the partial results of %d splits failed: %s",
-                          rows * (pr->headdim + 1) * sizeof(float), k.num_splits, cudaGetErrorString(e));
+                          rows * (kd + 1) * sizeof(float), k.num_splits, cudaGetErrorString(e));
     }
     k.o_partial = (float *)ws;
-    k.lse_partial = k.o_partial + rows * pr->headdim;
+    k.lse_partial = k.o_partial + rows * kd;
     s = inst->launch(&k, stream);
-    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, pr->headdim, pr->dtype == FA3C_DTYPE_FP16, stream);
+    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, kd, pr->dtype == FA3C_DTYPE_FP16, stream);
     cudaFreeAsync(ws, (cudaStream_t)stream);
     return s;
 }

@@ -18,7 +18,7 @@ typedef struct fa3c_fwd_kernel_params {
     int out_tma;                       /* 1: o_map is valid; instances with smem to stage O store through it */
     void *out;
     int64_t out_stride[3];             /* elements: batch, seqlen, heads */
-    int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides) */
+    int out_vec16;                     /* 1: out rows allow 16-byte stores (aligned base and strides, out_cols = D) */
     float *lse;                        /* NULL = not written; (batch, heads_q, seqlen_q) */
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
     /* GQA packing: the `pack` query heads of a group share one tile, as rows
@@ -108,6 +108,11 @@ typedef struct fa3c_fwd_kernel_params {
      * row_normalizer) or, with split-KV, the combine adds it. Last, so that the
      * fields before keep their offsets (and the kernels their SASS). */
     const float *sinks;
+    /* The tensors' head dim (problem.headdim): the kernel's D, or less when a
+     * head dim runs on the next wider instance (fwd_host.c, find_fwd). TMA
+     * reads the columns past it as zeros, and no store writes them
+     * (store_o_rows; store_tile_tma's boxes are clipped at the map's width). */
+    int out_cols;
 } fa3c_fwd_kernel_params;
 
 #ifdef __cplusplus
