@@ -181,8 +181,8 @@ FA3C_DEVICE void store_o_rows(const fa3c_fwd_kernel_params &p, const float *o, c
 // (o_box_allowed).
 template <int D, int FP16>
 FA3C_DEVICE void epilogue_from_end(const fa3c_fwd_kernel_params &p, const FwdTile &t, const float *o,
-                                 const float inv[2], const float lse[2], const OutRow rows[2], int quad,
-                                 uint8_t *stage, int consumer_index, int ring) {
+                                   const float inv[2], const float lse[2], const OutRow rows[2], int quad,
+                                   uint8_t *stage, int consumer_index, int ring) {
     if (stage && p.out_tma && o_box_allowed<true>(p, t, consumer_index)) {
         uint32_t packed[D / 4];
         pack_output<D, FP16>(o, inv, packed);
