@@ -215,16 +215,15 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
     return FA3C_STATUS_OK;
 }
 
-fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
-    if (p->problem.dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8(p, stream);
-    fa3c_status s = fa3c_cuda_fwd_supported(p);
-    if (s != FA3C_STATUS_OK) return s;
+/* The kernel's parameters for this call on instance `inst` with num_splits
+ * asked (0: auto): TMA maps, tiles, splits, the epilogue's choices. */
+static fa3c_status plan_fwd(const fa3c_fwd_params *p, const fwd_instance *inst, int num_splits,
+                            fa3c_fwd_kernel_params *k) {
     const fa3c_problem *pr = &p->problem;
-    const fwd_instance *inst = find_fwd(pr);
     const int kd = inst->headdim;   /* the kernel's head dim: pr->headdim, or wider (padded) */
-    int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(kd), cols = FA3C_FWD_CHUNK_COLS(kd);
-    fa3c_fwd_kernel_params k;
-    memset(&k, 0, sizeof k);
+    const int block_n = inst->block_n, block_m = FA3C_FWD_BLOCK_M(kd), cols = FA3C_FWD_CHUNK_COLS(kd);
+    fa3c_status s;
+    memset(k, 0, sizeof *k);
     fa3c_fwd_plan_facts facts = device_facts();
     facts.block_m = block_m;
     facts.block_n = block_n;
@@ -232,66 +231,81 @@ fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
     int q_outer, q_rows, kv_outer, kv_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &kv_outer, &kv_rows);
     int pack = fa3c_fwd_plan_pack(pr, block_m);
-    if (pack > 1 && fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, pack, pr->headdim,
+    if (pack > 1 && fa3c_tensor_map_groups(&k->q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, pack, pr->headdim,
                                            cols, block_m) != FA3C_STATUS_OK)
         pack = 1;   /* strides the 5-D map can't take: no packing */
     /* K and V boxes: a key block, in a cluster the half each CTA loads for
-     * both, or with a page table a part of a block inside one page (k.page_rows). */
-    if ((pack == 1 && (s = fa3c_tensor_map_groups(&k.q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, 1,
+     * both, or with a page table a part of a block inside one page (k->page_rows). */
+    if ((pack == 1 && (s = fa3c_tensor_map_groups(&k->q_map, "q", &p->q, q_outer, q_rows, pr->heads_q, 1,
                                                   pr->headdim, cols, block_m))) ||
-        (s = fa3c_fwd_plan_tiles(&k, pr, pack, p->num_splits, &facts)))
+        (s = fa3c_fwd_plan_tiles(k, pr, pack, num_splits, &facts)))
         return s;
-    int kv_box = pr->page_table ? k.page_rows : block_n / k.cluster;
-    if ((s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
+    int kv_box = pr->page_table ? k->page_rows : block_n / k->cluster;
+    if ((s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)) ||
-        (s = fa3c_tensor_map_rows(&k.v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)))
         return s;
-    k.out = p->out.data;
-    k.out_stride[0] = p->out.stride[0];
-    k.out_stride[1] = p->out.stride[1];
-    k.out_stride[2] = p->out.stride[2];
-    k.out_vec16 = kd == pr->headdim && (uintptr_t)p->out.data % 16 == 0 &&
-                  (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) && p->out.stride[1] % 8 == 0 &&
-                  p->out.stride[2] % 8 == 0;
-    k.lse = p->lse;
-    k.sinks = pr->sinks;
+    k->out = p->out.data;
+    k->out_stride[0] = p->out.stride[0];
+    k->out_stride[1] = p->out.stride[1];
+    k->out_stride[2] = p->out.stride[2];
+    k->out_vec16 = kd == pr->headdim && (uintptr_t)p->out.data % 16 == 0 &&
+                   (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) && p->out.stride[1] % 8 == 0 &&
+                   p->out.stride[2] % 8 == 0;
+    k->lse = p->lse;
+    k->sinks = pr->sinks;
     /* O through TMA stores (instances with smem for it, fwd_epilogue.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
-    k.out_cols = pr->headdim;
-    k.out_tma = k.num_splits == 1 && kd % 64 == 0 && 64 % k.pack == 0 &&
-                fa3c_tensor_map_groups(&k.o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k.pack,
-                                       pr->headdim, 64, 64) == FA3C_STATUS_OK;
-    k.softcap = pr->softcap;   /* 0 = off (validated >= 0) */
-    fa3c_score_log2_factors(pr, &k.score_log2, &k.softcap_pre);
-    last_cluster = k.cluster;
-    last_num_splits = k.num_splits;
-    if (k.num_splits == 1) return inst->launch(&k, stream);
+    k->out_cols = pr->headdim;
+    k->out_tma = k->num_splits == 1 && kd % 64 == 0 && 64 % k->pack == 0 &&
+                 fa3c_tensor_map_groups(&k->o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k->pack,
+                                        pr->headdim, 64, 64) == FA3C_STATUS_OK;
+    k->softcap = pr->softcap;   /* 0 = off (validated >= 0) */
+    fa3c_score_log2_factors(pr, &k->score_log2, &k->softcap_pre);
+    return FA3C_STATUS_OK;
+}
+
+fa3c_status fa3c_cuda_fwd(const fa3c_fwd_params *p, void *stream) {
+    if (p->problem.dtype == FA3C_DTYPE_E4M3) return fa3c_cuda_fwd_fp8(p, stream);
+    fa3c_status s = fa3c_cuda_fwd_supported(p);
+    if (s != FA3C_STATUS_OK) return s;
+    const fa3c_problem *pr = &p->problem;
+    const fwd_instance *inst = find_fwd(pr);
+    const int kd = inst->headdim;
+    fa3c_fwd_kernel_params k;
+    if ((s = plan_fwd(p, inst, p->num_splits, &k)) != FA3C_STATUS_OK) return s;
 
     /* Split-KV: the partial results live in stream-ordered memory from the
      * device's default pool, freed once the combine is queued. */
-    size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits;
     void *ws = NULL;
-    cudaError_t e = cudaMallocAsync(&ws, rows * (kd + 1) * sizeof(float), (cudaStream_t)stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        /* Auto, or packed queries (whose scratch is sized by batch x the
-         * longest sequence, which may be far more than their tokens): run
-         * unsplit rather than fail. */
-        if (p->num_splits == 0 || pr->cu_seqlens_q) {
-            fa3c_fwd_params unsplit = *p;
-            unsplit.num_splits = 1;
-            return fa3c_cuda_fwd(&unsplit, stream);
+    if (k.num_splits > 1) {
+        const size_t rows = (size_t)pr->batch * pr->heads_q * pr->seqlen_q * k.num_splits;
+        const size_t bytes = rows * (kd + 1) * sizeof(float);
+        cudaError_t e = cudaMallocAsync(&ws, bytes, (cudaStream_t)stream);
+        if (e == cudaSuccess) {
+            k.o_partial = (float *)ws;
+            k.lse_partial = k.o_partial + rows * kd;
+        } else {
+            cudaGetLastError();
+            ws = NULL;
+            /* Auto, or packed queries (whose scratch is sized by batch x the
+             * longest sequence, which may be far more than their tokens): run
+             * unsplit rather than fail. */
+            if (p->num_splits != 0 && !pr->cu_seqlens_q)
+                return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
+                                  "split-KV: cudaMallocAsync of %zu B for the partial results of %d splits failed: %s",
+                                  bytes, k.num_splits, cudaGetErrorString(e));
+            if ((s = plan_fwd(p, inst, 1, &k)) != FA3C_STATUS_OK) return s;
         }
-        return fa3c_error(e == cudaErrorMemoryAllocation ? FA3C_STATUS_OUT_OF_MEMORY : FA3C_STATUS_CUDA_ERROR,
-                          "split-KV: cudaMallocAsync of %zu B for the partial results of %d splits failed: %s",
-                          rows * (kd + 1) * sizeof(float), k.num_splits, cudaGetErrorString(e));
     }
-    k.o_partial = (float *)ws;
-    k.lse_partial = k.o_partial + rows * kd;
+    last_cluster = k.cluster;
+    last_num_splits = k.num_splits;
     s = inst->launch(&k, stream);
-    if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, kd, pr->dtype == FA3C_DTYPE_FP16, stream);
-    cudaFreeAsync(ws, (cudaStream_t)stream);
+    if (ws) {
+        if (s == FA3C_STATUS_OK) s = fa3c_fwd_combine(&k, kd, pr->dtype == FA3C_DTYPE_FP16, stream);
+        cudaFreeAsync(ws, (cudaStream_t)stream);
+    }
     return s;
 }
