@@ -67,6 +67,8 @@ TEST(quantize_matches_the_cpu) {
     run_case("fp16 hdim 256, rotated, padded rows", FA3C_DTYPE_FP16, 1, 65, 2, 256, 1, 1, 16, 0);
     run_case("fp32 hdim 64, rotated", FA3C_DTYPE_FP32, 3, 17, 3, 64, 3, 1, 0, 0);
     run_case("bf16 hdim 16, rotated (half a warp)", FA3C_DTYPE_BF16, 1, 100, 2, 16, 1, 1, 8, 0);
+    run_case("bf16 hdim 128, rotated, rows padded by 2 (no vector loads)", FA3C_DTYPE_BF16, 2, 33, 4, 128, 2, 1, 2, 0);
+    run_case("bf16 hdim 256, rotated (16-byte vectors)", FA3C_DTYPE_BF16, 1, 90, 4, 256, 4, 1, 0, 1);
     run_case("bf16 hdim 24, not rotated", FA3C_DTYPE_BF16, 2, 40, 4, 24, 2, 0, 0, 1);
     run_case("fp32 hdim 512, not rotated", FA3C_DTYPE_FP32, 1, 70, 2, 512, 1, 0, 0, 0);
 }

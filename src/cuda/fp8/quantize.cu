@@ -25,6 +25,8 @@ struct QuantArgs {
     const float *signs;   // NULL: all +1
     int64_t x_stride[3], out_stride[3];
     int batch, seqlen, heads, headdim, group, blocks, dtype, hadamard;
+    int vec;              // 1: 16-bit x and both tensors 16-byte aligned with strides to match: a lane's
+                          // K contiguous values (the rotation's layout) load and store as vectors
     float norm;           // 1 / sqrt(headdim), rounded as on the host
 };
 
@@ -32,6 +34,28 @@ __device__ __forceinline__ float load_x(const char *row, int c, int dtype) {
     if (dtype == FA3C_DTYPE_FP32) return ((const float *)row)[c];
     if (dtype == FA3C_DTYPE_FP16) return __half2float(((const __half *)row)[c]);
     return __bfloat162float(((const __nv_bfloat16 *)row)[c]);
+}
+
+// K 16-bit values from column c0 of a row, as one or two vector loads (the
+// caller checked the alignment: QuantArgs::vec).
+template <int K>
+__device__ __forceinline__ void load_x_vector(const char *row, int c0, int dtype, float (&v)[K]) {
+    uint32_t w[K / 2];
+    const char *p = row + 2 * (int64_t)c0;
+    if constexpr (K >= 8) {
+#pragma unroll
+        for (int i = 0; i < K / 8; i++) *(uint4 *)&w[4 * i] = ((const uint4 *)p)[i];
+    } else if constexpr (K == 4) {
+        *(uint2 *)w = *(const uint2 *)p;
+    } else {
+        w[0] = *(const uint32_t *)p;
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const unsigned short bits = (unsigned short)(w[k / 2] >> (16 * (k % 2)));
+        v[k] = dtype == FA3C_DTYPE_FP16 ? __half2float(__ushort_as_half(bits))
+                                        : __bfloat162float(__ushort_as_bfloat16(bits));
+    }
 }
 
 // This lane's values of row r of block (b, g), K of them at most (a
@@ -58,10 +82,19 @@ __device__ int load_row(const QuantArgs &a, int b, int g, int r, float (&v)[K], 
     // Lanes past a short row (headdim < 32) hold zeros but still take part in
     // the shuffles; their partners are all in the row.
     const bool active = lane * K < a.headdim;
+    if constexpr (K >= 2) {
+        if (a.vec && active) {
+            load_x_vector<K>(row, lane * K, a.dtype, v);
 #pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int c = lane * K + k;
-        v[k] = active ? load_x(row, c, a.dtype) * (a.signs ? a.signs[c] : 1.f) : 0.f;
+            for (int k = 0; k < K; k++) v[k] *= a.signs ? a.signs[lane * K + k] : 1.f;
+        }
+    }
+    if (K == 1 || !a.vec || !active) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = lane * K + k;
+            v[k] = active ? load_x(row, c, a.dtype) * (a.signs ? a.signs[c] : 1.f) : 0.f;
+        }
     }
 #pragma unroll
     for (int hb = 1; hb < K; hb <<= 1)   // partners in this lane
@@ -126,10 +159,20 @@ __global__ void quantize_write_kernel(const QuantArgs a) {
         float v[K];
         int64_t off;
         const int n = load_row<K>(a, b, g, r, v, &off);
+        uint32_t q[(K + 3) / 4] = {};   // the e4m3 bytes, four to a word
 #pragma unroll
         for (int k = 0; k < K; k++)
-            if (k < n)
-                a.out[off + column<K>(a, k)] = (uint8_t)__nv_cvt_float_to_fp8(v[k] / descale, __NV_SATFINITE, __NV_E4M3);
+            q[k / 4] |= (uint32_t)__nv_cvt_float_to_fp8(v[k] / descale, __NV_SATFINITE, __NV_E4M3) << (8 * (k % 4));
+        if (K >= 4 && a.vec && a.hadamard && n == K) {   // the lane's K contiguous bytes in one store
+            uint8_t *dst = a.out + off + column<K>(a, 0);
+            if constexpr (K == 16) *(uint4 *)dst = make_uint4(q[0], q[1], q[2], q[3]);
+            else if constexpr (K == 8) *(uint2 *)dst = make_uint2(q[0], q[1]);
+            else if constexpr (K == 4) *(uint32_t *)dst = q[0];
+            continue;
+        }
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k < n) a.out[off + column<K>(a, k)] = (uint8_t)(q[k / 4] >> (8 * (k % 4)));
     }
 }
 
@@ -152,6 +195,8 @@ extern "C" fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, voi
     a.blocks = p->heads / a.group;
     a.dtype = (int)p->dtype;
     a.hadamard = p->hadamard;
+    a.vec = p->dtype != FA3C_DTYPE_FP32 && (uintptr_t)p->x.data % 16 == 0 && (uintptr_t)p->out.data % 16 == 0;
+    for (int i = 0; i < 3; i++) a.vec = a.vec && p->x.stride[i] % 8 == 0 && p->out.stride[i] % 16 == 0;
     a.norm = (float)(1.0 / sqrt((double)p->headdim));
     const int64_t blocks = (int64_t)p->batch * a.blocks, rows = (int64_t)a.group * p->seqlen;
     const int64_t chunks = (rows + QUANT_ROWS_PER_CTA - 1) / QUANT_ROWS_PER_CTA;
