@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 4
+#define FA3C_VERSION_MINOR 5
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -122,6 +122,17 @@ typedef struct fa3c_problem {
      * backends; the CUDA forward in bf16 / fp16 (its backward and e4m3
      * return NOT_SUPPORTED so far). */
     const int32_t *seqused_q;
+    /* Optional (NULL = none): left padding of a KV cache (batch int32, FA3's
+     * leftpad_k / cache_leftpad), in the same memory as the tensors. Sequence
+     * b's keys then start at row leftpad_k[b] of its cache (of its packed
+     * keys with cu_seqlens_k; of its pages' positions with a page table) and
+     * end where they would without it (seqused_k[b], or its stored keys): it
+     * has that count minus leftpad_k[b] keys, key j at row leftpad_k[b] + j,
+     * and the causal diagonal and windows align to that count. Each entry in
+     * [0, the sequence's keys]. Forward only (the backward returns
+     * NOT_SUPPORTED, as FA3 has none); CPU backends, and the CUDA forward in
+     * bf16 / fp16 without a page table. */
+    const int32_t *leftpad_k;
 } fa3c_problem;
 
 typedef struct fa3c_fwd_params {

@@ -22,7 +22,7 @@ static const layout_entry layout[] = {
     FIELD(fa3c_problem, cu_seqlens_q), FIELD(fa3c_problem, cu_seqlens_k), FIELD(fa3c_problem, seqused_k),
     FIELD(fa3c_problem, page_table), FIELD(fa3c_problem, page_table_stride), FIELD(fa3c_problem, page_size),
     FIELD(fa3c_problem, num_pages), FIELD(fa3c_problem, sinks),
-    FIELD(fa3c_problem, headdim_v), FIELD(fa3c_problem, seqused_q),
+    FIELD(fa3c_problem, headdim_v), FIELD(fa3c_problem, seqused_q), FIELD(fa3c_problem, leftpad_k),
     SIZE(fa3c_fwd_params), FIELD(fa3c_fwd_params, problem), FIELD(fa3c_fwd_params, q), FIELD(fa3c_fwd_params, k),
     FIELD(fa3c_fwd_params, v), FIELD(fa3c_fwd_params, out), FIELD(fa3c_fwd_params, lse),
     FIELD(fa3c_fwd_params, q_descale), FIELD(fa3c_fwd_params, k_descale), FIELD(fa3c_fwd_params, v_descale),

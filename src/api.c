@@ -139,6 +139,9 @@ static fa3c_status check_problem_scalars(const fa3c_problem *pr, int is_bwd) {
             return fa3c_error(BAD, "problem.page_table_stride: must be >= ceil(seqlen_k / page_size) = %lld (got %lld)",
                               (long long)need, (long long)pr->page_table_stride);
     }
+    if (is_bwd && pr->leftpad_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.leftpad_k: the backward takes no left-padded KV "
+                          "cache (a forward-only argument, as in FA3)");
     if (!problem_is_empty(pr, is_bwd)) {
         if (pr->seqlen_k == 0)
             return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqlen_k: 0 keys (out = 0, lse = -inf, dq = 0) "
@@ -232,6 +235,7 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     k = add_array(m, k, "problem.cu_seqlens_k", pr->cu_seqlens_k, (int64_t)pr->batch + 1, 4, 0);
     k = add_array(m, k, "problem.seqused_k", pr->seqused_k, pr->batch, 4, 0);
     k = add_array(m, k, "problem.seqused_q", pr->seqused_q, pr->batch, 4, 0);
+    k = add_array(m, k, "problem.leftpad_k", pr->leftpad_k, pr->batch, 4, 0);
     if (pr->page_table && pr->page_size > 0) {   /* rows of page_table_stride, each up to the longest sequence's pages */
         const int64_t per_seq = ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
         if (!mul_ok((int64_t)pr->batch - 1, pr->page_table_stride, &pages) || !add_ok(&pages, per_seq))
@@ -324,11 +328,19 @@ static fa3c_status check_host_arrays(const call_desc *c) {
             if (pr->seqused_q[b] < 0 || pr->seqused_q[b] > pr->seqlen_q)
                 return fa3c_error(BAD, "problem.seqused_q[%d]: must be in [0, problem.seqlen_q = %d] (got %d)", b,
                                   pr->seqlen_q, pr->seqused_q[b]);
+    if (pr->leftpad_k)   /* after seqused_k: its count is the bound */
+        for (int b = 0; b < pr->batch; b++) {
+            const int keys = fa3c_seqlen_k_of(pr, b) + pr->leftpad_k[b];   /* stored, or seqused_k[b] */
+            if (pr->leftpad_k[b] < 0 || pr->leftpad_k[b] > keys)
+                return fa3c_error(BAD, "problem.leftpad_k[%d]: must be in [0, the sequence's keys = %d] (got %d)", b,
+                                  keys, pr->leftpad_k[b]);
+        }
     if (pr->page_table) {
         /* Only the entries that cover used keys are read; the rest may hold anything (e.g. -1). */
         for (int b = 0; b < pr->batch; b++) {
-            int64_t used = ((int64_t)fa3c_seqlen_k_of(pr, b) + pr->page_size - 1) / pr->page_size;
-            for (int64_t i = 0; i < used; i++) {
+            const int64_t lp = fa3c_leftpad_k_of(pr, b), n = fa3c_seqlen_k_of(pr, b);
+            const int64_t used = n > 0 ? (lp + n + pr->page_size - 1) / pr->page_size : 0;
+            for (int64_t i = n > 0 ? lp / pr->page_size : 0; i < used; i++) {
                 int32_t page = pr->page_table[(int64_t)b * pr->page_table_stride + i];
                 if (page < 0 || page >= pr->num_pages)
                     return fa3c_error(BAD, "problem.page_table[%d][%lld]: page %d is out of range [0, problem.num_pages = %d)",
@@ -567,13 +579,13 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         table = ((int64_t)pr->batch - 1) * pr->page_table_stride +
                 ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
     const int64_t descales = (int64_t)pr->batch * pr->heads_kv;
-    const void *src[8] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
-                          c->descale[0],    c->descale[1],    c->descale[2], pr->seqused_q};
-    const int64_t count[8] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
-                              descales, descales, descales, pr->batch};
-    void *copy[8] = {0};
+    const void *src[9] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
+                          c->descale[0],    c->descale[1],    c->descale[2], pr->seqused_q, pr->leftpad_k};
+    const int64_t count[9] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
+                              descales, descales, descales, pr->batch, pr->batch};
+    void *copy[9] = {0};
     fa3c_status s = FA3C_STATUS_OK;
-    for (int i = 0; i < 8 && s == FA3C_STATUS_OK; i++) {
+    for (int i = 0; i < 9 && s == FA3C_STATUS_OK; i++) {
         if (!src[i] || count[i] <= 0) continue;
         const size_t bytes = (size_t)count[i] * 4;   /* int32 and float32 alike */
         if (!(copy[i] = malloc(bytes)))
@@ -590,12 +602,13 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         if (copy[2]) h.seqused_k = (const int32_t *)copy[2];
         if (copy[3]) h.page_table = (const int32_t *)copy[3];
         if (copy[7]) h.seqused_q = (const int32_t *)copy[7];
+        if (copy[8]) h.leftpad_k = (const int32_t *)copy[8];
         for (int i = 0; i < 3; i++)
             if (copy[4 + i]) hc.descale[i] = (const float *)copy[4 + i];
         s = check_host_arrays(&hc);
         if (s == FA3C_STATUS_OK) s = check_extents(&hc, 1);
     }
-    for (int i = 0; i < 8; i++) free(copy[i]);
+    for (int i = 0; i < 9; i++) free(copy[i]);
     return s;
 }
 
@@ -617,6 +630,7 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
         (s = check_host_array_ptr("problem.cu_seqlens_k", c->pr->cu_seqlens_k, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.seqused_k", c->pr->seqused_k, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.seqused_q", c->pr->seqused_q, 4)) != FA3C_STATUS_OK ||
+        (s = check_host_array_ptr("problem.leftpad_k", c->pr->leftpad_k, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.page_table", c->pr->page_table, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("problem.sinks", c->pr->sinks, 4)) != FA3C_STATUS_OK ||
         (s = check_host_array_ptr("dsinks", c->dsinks, 4)) != FA3C_STATUS_OK)

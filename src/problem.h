@@ -21,10 +21,14 @@ static inline int fa3c_seqlen_q_of(const fa3c_problem *pr, int b) {
     return n;
 }
 
+/* Rows of sequence b's cache before its first key (problem.leftpad_k). */
+static inline int fa3c_leftpad_k_of(const fa3c_problem *pr, int b) { return pr->leftpad_k ? pr->leftpad_k[b] : 0; }
+
+/* Keys used: the stored ones (or seqused_k), less the left padding. */
 static inline int fa3c_seqlen_k_of(const fa3c_problem *pr, int b) {
     int n = pr->cu_seqlens_k ? pr->cu_seqlens_k[b + 1] - pr->cu_seqlens_k[b] : pr->seqlen_k;
     if (pr->seqused_k && pr->seqused_k[b] < n) n = pr->seqused_k[b];
-    return n;
+    return n - fa3c_leftpad_k_of(pr, b);
 }
 
 /* The mask's right bound: causal is the window (left, 0); -1 = unbounded. The
@@ -54,9 +58,10 @@ static inline int64_t fa3c_q_offset(const fa3c_problem *pr, const fa3c_tensor *t
 }
 
 /* Element offset of key j, kv-head h of a k-like tensor (k, v, and dk, dv
- * which are never paged). */
+ * which are never paged): row leftpad_k[b] + j of the sequence's keys. */
 static inline int64_t fa3c_k_offset(const fa3c_problem *pr, const fa3c_tensor *t, int b, int j, int h, int paged) {
     int64_t row;
+    j += fa3c_leftpad_k_of(pr, b);
     if (paged && pr->page_table) {
         int64_t page = pr->page_table[(int64_t)b * pr->page_table_stride + j / pr->page_size];
         row = page * t->stride[0] + (int64_t)(j % pr->page_size) * t->stride[1];

@@ -157,6 +157,9 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
                           "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");
+    if (pr->leftpad_k)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.leftpad_k: a left-padded KV cache runs on the CPU "
+                          "backends only so far");
     if (pr->seqused_q && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA fp8 (e4m3) forward does not take "
                           "queries used per sequence yet (bf16 and fp16 do; the CPU backends take every dtype)");
