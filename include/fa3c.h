@@ -201,7 +201,7 @@ FA3C_API const char *fa3c_status_string(fa3c_status s);
  * "k: stride of dim 3 must be 1 (got 2)"; "" after a successful call. */
 FA3C_API const char *fa3c_last_error(void);
 
-/* "0.4.0" */
+/* "0.5.0" */
 FA3C_API const char *fa3c_version(void);
 
 /* The layout of a public struct as this library was built: with field NULL

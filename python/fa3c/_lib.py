@@ -64,6 +64,7 @@ class Problem(ctypes.Structure):
         ("sinks", ctypes.c_void_p),
         ("headdim_v", ctypes.c_int),
         ("seqused_q", ctypes.c_void_p),
+        ("leftpad_k", ctypes.c_void_p),
     ]
 
 
@@ -178,7 +179,7 @@ def _candidates():
 MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
                     "fa3c_bwd_params": BwdParams, "fa3c_append_params": AppendParams,
                     "fa3c_quantize_params": QuantizeParams}
-PACKAGE_VERSION = "0.4.0"   # fa3c.__version__: the library this package was written against
+PACKAGE_VERSION = "0.5.0"   # fa3c.__version__: the library this package was written against
 
 
 def check_abi(lib, where="libfa3c"):
