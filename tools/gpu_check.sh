@@ -71,7 +71,7 @@ if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     cases="fwd_seqlen_17_and_1000 fwd_gqa_packed_decode fwd_split_kv fwd_seqused_k_small fwd_paged_kv_small fwd_packed_sequences_small"
     # memcheck also: device metadata that breaks the contract (test_hostile_metadata.cu).
-    [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top fwd_seqused_q test_hostile_metadata:varlen_cu_seqlens_past_the_tokens test_hostile_metadata:paged_table_past_the_pages test_hostile_metadata:seqused_k_past_the_keys test_hostile_metadata:seqused_q_past_the_queries test_append_gpu:append_hostile_metadata test_append_gpu:append_rotary_hostile_metadata"
+    [ $tool = memcheck ] && cases="$cases fwd_causal_partial_tile_on_top fwd_seqused_q fwd_leftpad_k test_hostile_metadata:varlen_cu_seqlens_past_the_tokens test_hostile_metadata:paged_table_past_the_pages test_hostile_metadata:seqused_k_past_the_keys test_hostile_metadata:seqused_q_past_the_queries test_hostile_metadata:leftpad_k_past_the_keys test_append_gpu:append_hostile_metadata test_append_gpu:append_rotary_hostile_metadata"
     cases=${SANITIZER_CASES:-$cases}   # a short call: only the cases a change touches
     for case in $cases; do   # "binary:case" (e.g. test_bwd:bwd_small) runs another test binary's case
       bin=test_fwd

@@ -27,7 +27,7 @@ class Layout:
     """Sizes of one attention problem, derived from array shapes."""
 
     def __init__(self, ops, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 seqused_k, page_table, seqused_q=None):
+                 seqused_k, page_table, seqused_q=None, leftpad_k=None):
         self.varlen_q = cu_seqlens_q is not None
         self.varlen_k = cu_seqlens_k is not None
         self.paged = page_table is not None
@@ -71,7 +71,7 @@ class Layout:
         if batches[0][1] != batches[1][1]:
             raise bad("batch size of %s (%d) and %s (%d) differ" % (batches[0] + batches[1]))
         self.batch = batches[0][1]
-        for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k), ("leftpad_k", leftpad_k)):
             if used is not None and ops.shape(used) != (self.batch,):
                 raise bad("%s must have shape (%d,) (got %s)" % (name, self.batch, ops.shape(used)))
 
@@ -118,7 +118,7 @@ def _tensor(ops, x, varlen):
 
 
 def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, softcap,
-                  cu_q, cu_k, seqused_k, page_table, seqused_q=None):
+                  cu_q, cu_k, seqused_k, page_table, seqused_q=None, leftpad_k=None):
     pr.dtype = dtype_code
     pr.batch = lay.batch
     pr.seqlen_q = lay.seqlen_q
@@ -136,6 +136,7 @@ def _fill_problem(pr, lay, ops, dtype_code, softmax_scale, causal, window_size, 
     pr.cu_seqlens_k = ops.ptr(cu_k) if cu_k is not None else None
     pr.seqused_k = ops.ptr(seqused_k) if seqused_k is not None else None
     pr.seqused_q = ops.ptr(seqused_q) if seqused_q is not None else None
+    pr.leftpad_k = ops.ptr(leftpad_k) if leftpad_k is not None else None
     if page_table is not None:
         pr.page_table = ops.ptr(page_table)
         pr.page_table_stride = int(ops.strides(page_table)[0])
@@ -232,7 +233,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
                     max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                     causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None,
                     k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None,
-                    sinks=None, seqused_q=None):
+                    sinks=None, seqused_q=None, leftpad_k=None):
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
     dt = ops.dtype_code(q)
     for name, x in (("k", k), ("v", v)):
@@ -243,8 +244,9 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     cu_k = ops.int32(cu_seqlens_k, q)
     used_k = ops.int32(seqused_k, q)
     used_q = ops.int32(seqused_q, q)
+    pad_k = ops.int32(leftpad_k, q)
     pt = ops.int32(page_table, q)
-    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt, used_q)
+    lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt, used_q, pad_k)
     window_size = _check_window(window_size)
     if softmax_scale is None:
         softmax_scale = default_scale(lay.headdim)
@@ -270,7 +272,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     L = _lib.lib()
     L.fa3c_fwd_params_init(ctypes.byref(p))
     _fill_problem(p.problem, lay, ops, dt, softmax_scale, causal, window_size, softcap,
-                  cu_q, cu_k, used_k, pt, used_q)
+                  cu_q, cu_k, used_k, pt, used_q, pad_k)
     p.q = _tensor(ops, q, lay.varlen_q)
     p.k = _tensor(ops, k, lay.varlen_k)
     p.v = _tensor(ops, v, lay.varlen_k)
@@ -281,7 +283,7 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.problem.sinks = ops.ptr(sinks) if sinks is not None else None
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
-    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks, used_q),
+    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks, used_q, pad_k),
                 check_fn=L.fa3c_fwd_check, check_device_fn=L.fa3c_fwd_check_device)
 
 

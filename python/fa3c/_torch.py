@@ -121,7 +121,8 @@ def _launch(q):
 
 def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, num_splits, deterministic, sinks=None, seqused_q=None):
+              window_right, softcap, num_splits, deterministic, sinks=None, seqused_q=None,
+              leftpad_k=None):
     """The forward itself: what the fa3c::fwd op runs, and what eager calls that need no
     gradient run directly (the op's dispatch costs tens of microseconds per call)."""
     backend, stream, guard = _launch(q)
@@ -133,7 +134,8 @@ def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_desc
             seqused_k=seqused_k, page_table=page_table, softmax_scale=softmax_scale,
             causal=causal, window_size=(window_left, window_right), softcap=softcap,
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-            num_splits=num_splits, backend=backend, stream=stream, sinks=sinks, seqused_q=seqused_q)
+            num_splits=num_splits, backend=backend, stream=stream, sinks=sinks, seqused_q=seqused_q,
+            leftpad_k=leftpad_k)
 
 
 @torch.library.custom_op("fa3c::fwd", mutates_args=())
@@ -145,16 +147,18 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
            window_left: int, window_right: int, softcap: float, num_splits: int,
            deterministic: bool, sinks: Optional[torch.Tensor],
-           seqused_q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+           seqused_q: Optional[torch.Tensor] = None,
+           leftpad_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale,
                      k_descale, v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                     window_left, window_right, softcap, num_splits, deterministic, sinks, seqused_q)
+                     window_left, window_right, softcap, num_splits, deterministic, sinks, seqused_q,
+                     leftpad_k)
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, num_splits, deterministic, sinks, seqused_q=None):
+              window_right, softcap, num_splits, deterministic, sinks, seqused_q=None, leftpad_k=None):
     out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q.dtype))
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -196,12 +200,13 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 
 
 def _setup_context(ctx, inputs, output):
-    inputs = tuple(inputs) + (None,) * (21 - len(inputs))   # seqused_q left at its default
+    inputs = tuple(inputs) + (None,) * (22 - len(inputs))   # seqused_q, leftpad_k left at their defaults
     (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal, wl, wr,
-     softcap, num_splits, deterministic, sinks, used_q) = inputs
+     softcap, num_splits, deterministic, sinks, used_q, leftpad_k) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k, sinks, used_q)
     ctx.paged = page_table is not None
+    ctx.leftpad = leftpad_k is not None
     ctx.fp8 = qd is not None or q.dtype == getattr(torch, "float8_e4m3fn", None)
     ctx.args = (msq, msk, scale, causal, wl, wr, softcap, deterministic)
 
@@ -212,12 +217,14 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k, used_k, sinks, used_q = ctx.saved_tensors
     if ctx.paged:
         raise NotImplementedError("fa3c: no backward through a paged KV cache (page_table)")
+    if ctx.leftpad:
+        raise NotImplementedError("fa3c: no backward through a left-padded KV cache (cache_leftpad), as in FA3")
     if ctx.fp8:
         raise NotImplementedError("fa3c: float8_e4m3fn attention is forward only")
     msq, msk, scale, causal, wl, wr, softcap, deterministic = ctx.args
     dq, dk, dv, dsinks = torch.ops.fa3c.bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, msq, msk,
                                             scale, causal, wl, wr, softcap, deterministic, sinks, used_q)
-    return (dq, dk, dv) + (None,) * 16 + (dsinks.to(sinks.dtype) if sinks is not None else None, None)
+    return (dq, dk, dv) + (None,) * 16 + (dsinks.to(sinks.dtype) if sinks is not None else None, None, None)
 
 
 fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -244,12 +251,13 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal,
-                wl, wr, softcap, num_splits, deterministic, sinks, used_q):
+                wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k):
         out, lse = torch.ops.fa3c.fwd(q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk,
                                       scale, causal, wl, wr, softcap, num_splits, deterministic, sinks,
-                                      used_q)
+                                      used_q, leftpad_k)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale,
-                             causal, wl, wr, softcap, num_splits, deterministic, sinks, used_q), (out, lse))
+                             causal, wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k),
+                       (out, lse))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -261,10 +269,12 @@ class _Attention(torch.autograd.Function):
 def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
               max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
               causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None,
-              v_descale=None, num_splits=1, deterministic=False, sinks=None, seqused_q=None):
+              v_descale=None, num_splits=1, deterministic=False, sinks=None, seqused_q=None,
+              leftpad_k=None):
     """Differentiable attention through the custom ops. Returns (out, lse). sinks:
     (heads_q,) logits, differentiable. seqused_q: queries used per sequence; out and lse
-    rows past them are not written, their dq rows are zeros."""
+    rows past them are not written, their dq rows are zeros. leftpad_k: rows of each
+    sequence's KV cache before its first key (forward only)."""
     if softmax_scale is None:
         softmax_scale = _core.default_scale(q.shape[-1])
     if cu_seqlens_q is not None and max_seqlen_q is None:
@@ -282,7 +292,7 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, qd, kd, vd,
             int(max_seqlen_q or 0), int(max_seqlen_k or 0), float(softmax_scale), bool(causal),
             int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic), sinks,
-            seqused_q)
+            seqused_q, leftpad_k)
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
     if torch.is_grad_enabled() and needs_grad:
         return _Attention.apply(*args)

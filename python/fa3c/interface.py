@@ -167,15 +167,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     copy of q is attended with (q at cache_seqlens + i when causal or local, else every
     query at cache_seqlens; q itself is not changed), as in FA3; not with cu_seqlens_q.
     cache_batch_idx ((batch,) int32) puts sequence b in row cache_batch_idx[b] of a
-    contiguous cache (run as a page table of one page per sequence); cache_leftpad is not
-    supported. scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
+    contiguous cache (run as a page table of one page per sequence). cache_leftpad ((batch,)
+    int32) says how many rows of each sequence's cache come before its first key: its keys
+    are rows [cache_leftpad, cache_seqlens), new keys are still written at cache_seqlens, and
+    rotary positions count from the padding (cache_seqlens - cache_leftpad, unless
+    rotary_seqlens says otherwise), as in FA3 (CUDA: without a page table or
+    cache_batch_idx). scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
     and are ignored. No backward. Returns out, or with return_softmax_lse=True FA3's
     4-tuple (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse is (batch, heads,
     seqlen_q), or (heads, total_q) with cu_seqlens_q; out_accum and softmax_lse_accum are
     FA3's split-KV partials, which fa3c merges inside the call, so they are always empty
     float32 arrays, as FA3 returns them when it does not split."""
     _common_unsupported(qv, attention_chunk, sm_margin)
-    _unsupported(cache_leftpad=(cache_leftpad, None))
     if (k is None) != (v is None):
         raise _core.bad("give both k and v to append to the cache, or neither")
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -202,6 +205,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         elif not _arrays.is_array(cache_seqlens):   # a list; arrays stay where they are
             import numpy as np
             cache_seqlens = np.asarray(cache_seqlens, dtype=np.int32)
+    if cache_leftpad is not None:
+        if cache_seqlens is None:
+            raise _core.bad("cache_leftpad needs cache_seqlens (the keys end there)")
+        if torch_path:
+            cache_leftpad = _torch().to_int32_tensor(cache_leftpad, k_cache)
+        elif not _arrays.is_array(cache_leftpad):
+            import numpy as np
+            cache_leftpad = np.asarray(cache_leftpad, dtype=np.int32)
+        if rotary and rotary_seqlens is None:   # positions count from the padding (FA3)
+            rotary_seqlens = cache_seqlens - cache_leftpad
     appended_lens = cache_seqlens
     packed_new = k is not None and cu_seqlens_k_new is not None
     if k is not None:
@@ -218,6 +231,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
+    if cache_leftpad is not None:
+        kw.update(leftpad_k=cache_leftpad)
     if cu_seqlens_q is not None:
         kw.update(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
     if k is not None:
@@ -305,7 +320,6 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     says whether its backend takes it) are not needed. Arguments fa3c cannot honour in the
     call raise NotImplementedError here already."""
     _common_unsupported(None, attention_chunk, sm_margin)
-    _unsupported(cache_leftpad=(cache_leftpad, None))
     if _is_torch(cache_seqlens):
         torch = sys.modules["torch"]
         return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
@@ -317,13 +331,14 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
-            num_splits=0, backend=None, sinks=None, seqused_q=None):
+            num_splits=0, backend=None, sinks=None, seqused_q=None, leftpad_k=None):
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
     "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
     query head in every row's softmax (docs/API.md; CPU, and CUDA in bf16/fp16).
     seqused_q: (batch,) queries used per sequence; out and lse rows past them are not
-    written (CPU backends; CUDA raises NOT_SUPPORTED)."""
+    written. leftpad_k: (batch,) rows of each sequence's KV cache before its first key
+    (FA3's cache_leftpad; CUDA: bf16/fp16 without a page table)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(
@@ -332,7 +347,7 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             page_table=page_table, softmax_scale=softmax_scale, causal=causal,
             window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
             v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks,
-            seqused_q=seqused_q)
+            seqused_q=seqused_q, leftpad_k=leftpad_k)
         call.finish = finish
         return call.run(stream)
 

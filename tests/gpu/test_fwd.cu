@@ -899,6 +899,8 @@ typedef struct {
     int must_split;      // 1: the call must run with more than one key split
     int seqused_q;       // 1: sequence b uses its first used_q[b] queries (problem.seqused_q); the
     int used_q[6];       //    others are NaN in q and their out / lse rows must stay unwritten
+    int leftpad;         // 1: sequence b's keys start past leftpad_k[b] rows of its lens_k[b] (problem.leftpad_k),
+    int leftpad_k[6];    //    rows which are NaN in k and v
 } packed_case;
 
 static packed_case packed_base(fa3c_dtype dt, int batch, int h, int d, const int *lens_q, const int *lens_k) {
@@ -940,6 +942,7 @@ static void run_packed_case(const char *label, packed_case c) {
            c.packed_k ? "packed" : "(batch, seqlen_k) with seqused_k");
     for (int b = 0; b < B; b++) printf(" %d/%d", c.lens_q[b], c.lens_k[b]);
     for (int b = 0; c.seqused_q && b < B; b++) printf("%s%d", b ? "," : ", seqused_q ", c.used_q[b]);
+    for (int b = 0; c.leftpad && b < B; b++) printf("%s%d", b ? "," : ", leftpad_k ", c.leftpad_k[b]);
     printf("\n");
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
@@ -962,6 +965,7 @@ static void run_packed_case(const char *label, packed_case c) {
     if (c.packed_k) p.problem.cu_seqlens_k = cu_k;
     else p.problem.seqused_k = used;
     if (c.seqused_q) p.problem.seqused_q = c.used_q;
+    if (c.leftpad) p.problem.leftpad_k = c.leftpad_k;
     const int64_t nq = TQ * HQ * D, nk = k_rows * HK * D;
     void *hq = tu_alloc((nq + 1) * es), *hk = tu_alloc((nk + 1) * es), *hv = tu_alloc((nk + 1) * es);
     tu_fill_normal(hq, c.dtype, nq, 1.f);
@@ -971,6 +975,14 @@ static void run_packed_case(const char *label, packed_case c) {
     for (int b = 0; c.seqused_q && b < B; b++)
         for (int64_t i = (int64_t)(cu_q[b] + c.used_q[b]) * HQ * D; i < (int64_t)cu_q[b + 1] * HQ * D; i++)
             tu_store(hq, c.dtype, i, NAN);
+    // Keys before leftpad_k: NaN (the cache's padding, never read as keys; V rows there zeroed).
+    for (int b = 0; c.leftpad && b < B; b++) {
+        const int64_t row0 = c.packed_k ? cu_k[b] : (int64_t)b * max_k;
+        for (int64_t i = row0 * HK * D; i < (row0 + c.leftpad_k[b]) * HK * D; i++) {
+            tu_store(hk, c.dtype, i, NAN);
+            tu_store(hv, c.dtype, i, NAN);
+        }
+    }
     const int64_t q_st[4] = {c.fixed_q ? max_q * HQ * D : 0, HQ * D, D, 1},
                   k_st[4] = {c.packed_k ? 0 : max_k * HK * D, HK * D, D, 1};
     memcpy(p.q.stride, q_st, sizeof q_st);
@@ -1009,6 +1021,7 @@ static void run_packed_case(const char *label, packed_case c) {
     int32_t *dcu_q = (int32_t *)to_device(cu_q, sizeof cu_q), *dcu_k = (int32_t *)to_device(cu_k, sizeof cu_k);
     int32_t *dused = (int32_t *)to_device(used, sizeof used);
     int32_t *dused_q = (int32_t *)to_device(c.used_q, sizeof c.used_q);
+    int32_t *dleftpad = (int32_t *)to_device(c.leftpad_k, sizeof c.leftpad_k);
     void *dout_alloc = NULL;
     float *dlse = NULL;
     CUDA_OK(cudaMalloc(&dout_alloc, (size_t)(nq + 2 * guard) * es));
@@ -1029,6 +1042,7 @@ static void run_packed_case(const char *label, packed_case c) {
         if (c.packed_k) g.problem.cu_seqlens_k = dcu_k;
         else g.problem.seqused_k = dused;
         if (c.seqused_q) g.problem.seqused_q = dused_q;
+        if (c.leftpad) g.problem.leftpad_k = dleftpad;
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_fwd(&g, NULL);
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
@@ -1063,7 +1077,7 @@ static void run_packed_case(const char *label, packed_case c) {
           (long long)written_past_used);
     check_outputs(c.dtype, gf, lf, ref, nq, glse, ref_lse, HQ * TQ, memcmp(gout[0], gout[1], (size_t)nq * es) == 0,
                   guards_written(dout_alloc, guard, nq, es));
-    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused); cudaFree(dused_q);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu_q); cudaFree(dcu_k); cudaFree(dused); cudaFree(dused_q); cudaFree(dleftpad);
     cudaFree(dout_alloc); cudaFree(dlse);
     free(hq); free(hk); free(hv); free(fq); free(fk); free(fv); free(ref); free(ref_lse); free(lowp);
     free(gout[0]); free(gout[1]); free(glse); free(gf); free(lf);
@@ -1242,6 +1256,43 @@ TEST(fwd_seqused_q) {
     c.seqused_q = 1;
     memcpy(c.used_q, u192, sizeof u192);
     run_packed_case("hdim192 gqa causal, (batch, seqlen_q), packed keys", c);
+}
+
+// A left-padded KV cache (problem.leftpad_k: FA3's cache_leftpad): sequence
+// b's keys start past leftpad_k[b] rows of its cache, which hold NaN; the
+// causal diagonal aligns to the keys after the padding. Caches per sequence
+// with seqused_k (decode, GQA packed into a tile's rows, split-KV) and packed
+// keys; a sequence padded to its last key (no keys: out 0, lse -inf).
+TEST(fwd_leftpad_k) {
+    REQUIRE_SM90();
+    REQUIRE_VARLEN_KERNELS();
+    const int q1[4] = {1, 1, 1, 1}, k1[4] = {700, 100, 1000, 5}, lp1[4] = {13, 0, 999, 5};
+    packed_case c = packed_base(BF16, 4, 16, 128, q1, k1);
+    c.heads_kv = 2;
+    c.fixed_q = 1;
+    c.packed_k = 0;
+    c.causal = 1;
+    c.leftpad = 1;
+    memcpy(c.leftpad_k, lp1, sizeof lp1);
+    run_packed_case("decode, gqa 8, cache with seqused_k, auto splits", c);
+    c.num_splits = 4;
+    c.must_split = 1;
+    run_packed_case("decode, gqa 8, cache with seqused_k, 4 splits asked", c);
+    const int q64[3] = {100, 1, 250}, k64[3] = {120, 77, 250}, lp64[3] = {20, 76, 0};
+    c = packed_base(BF16, 3, 2, 64, q64, k64);
+    c.causal = 1;
+    c.leftpad = 1;
+    memcpy(c.leftpad_k, lp64, sizeof lp64);
+    run_packed_case("hdim64 causal, packed queries and keys", c);
+    const int q256[2] = {40, 40}, k256[2] = {400, 300}, lp256[2] = {129, 1};
+    c = packed_base(FP16, 2, 2, 256, q256, k256);
+    c.fixed_q = 1;
+    c.packed_k = 0;
+    c.window_left = 100;
+    c.window_right = 0;
+    c.leftpad = 1;
+    memcpy(c.leftpad_k, lp256, sizeof lp256);
+    run_packed_case("fp16 hdim256 window, (batch, seqlen_q), cache with seqused_k", c);
 }
 
 // Any head dim, a multiple of 8 up to 256, on the next wider instance (64,

@@ -258,4 +258,37 @@ TEST(seqused_q_past_the_queries) {
     cudaFree(dused);
 }
 
+// leftpad_k past the keys, and negative: the forward (unsplit and split-KV)
+// keeps to the cache it has.
+TEST(leftpad_k_past_the_keys) {
+    REQUIRE_SM90();
+    enum { B = 2, S = 64, SK = 512, H = 2, D = 128 };
+    const int64_t n = (int64_t)B * S * H * D, nk = (int64_t)B * SK * H * D;
+    guarded q = make_guarded(n, 1), k = make_guarded(nk, 1), v = make_guarded(nk, 1), out = make_guarded(n, 0);
+    float *lse = NULL;
+    cudaMalloc((void **)&lse, (size_t)B * H * S * 4);
+    const int32_t pad[B] = {5000, -3};
+    int32_t *dpad = device_ints(pad, B);
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    tu_problem_shape(&p.problem, FA3C_DTYPE_BF16, B, S, SK, H, H, D);
+    p.problem.leftpad_k = dpad;
+    p.problem.causal = 1;
+    p.q = tu_tensor(data(&q), B, S, H, D), p.k = tu_tensor(data(&k), B, SK, H, D);
+    p.v = tu_tensor(data(&v), B, SK, H, D), p.out = tu_tensor(data(&out), B, S, H, D);
+    p.lse = lse;
+    p.backend = FA3C_BACKEND_CUDA;
+    expect_device_check("leftpad_k {5000, -3}", fa3c_fwd_check_device(&p, NULL), "problem.leftpad_k[0]");
+    for (int splits = 1; splits <= 2; splits++) {
+        p.num_splits = splits;
+        char label[80];
+        snprintf(label, sizeof label, "leftpad_k {5000, -3} over 512 keys, %d split%s", splits, splits > 1 ? "s" : "");
+        check_aftermath(label, fa3c_fwd(&p, NULL), &out, 1);
+    }
+    guarded all[4] = {q, k, v, out};
+    for (int i = 0; i < 4; i++) cudaFree(all[i].alloc);
+    cudaFree(lse);
+    cudaFree(dpad);
+}
+
 TEST_MAIN()

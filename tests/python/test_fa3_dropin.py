@@ -351,6 +351,44 @@ def test_flash_attn_with_kvcache_rotary(fai, xp, interleaved, causal):
                                            None, causal)[0], atol=2e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_with_kvcache_leftpad(fai, xp, causal):
+    # cache_leftpad: sequence b's keys are rows [leftpad[b], cache_seqlens[b]) of its cache (the
+    # rows before are NaN here); new keys go at cache_seqlens, rotated at positions counted from
+    # the padding; q at cache_seqlens - leftpad (+ i when causal), as FA3
+    b, cap, hq, hkv, d, rd, n = 3, 24, 4, 2, 32, 16, 2
+    q, kc, vc = xp.randn(b, n, hq, d), xp.randn(b, cap, hkv, d), xp.randn(b, cap, hkv, d)
+    kn, vn = xp.randn(b, n, hkv, d), xp.randn(b, n, hkv, d)
+    lens_np, pad_np = np.array([9, 14, 4]), np.array([3, 0, 4])
+    kc_np, vc_np = xp.np(kc), xp.np(vc)
+    for i, p in enumerate(pad_np):
+        kc_np[i, :p] = np.nan
+        vc_np[i, :p] = np.nan
+    kc, vc = xp.asarray(kc_np), xp.asarray(vc_np)
+    ang = np.arange(40)[:, None] * 10000.0 ** (-np.arange(rd // 2) / (rd // 2))
+    cos_np, sin_np = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    q0 = xp.np(q).copy()
+    out = fai.flash_attn_with_kvcache(q, kc, vc, kn, vn, rotary_cos=xp.asarray(cos_np),
+                                      rotary_sin=xp.asarray(sin_np), cache_seqlens=xp.int32(lens_np),
+                                      cache_leftpad=xp.int32(pad_np), causal=causal)
+    pos = (lens_np - pad_np)[:, None] + np.arange(n)[None, :]
+    want_k = rotated(xp.np(kn), cos_np, sin_np, pos, True)
+    want_q = rotated(q0, cos_np, sin_np, pos if causal else np.repeat(pos[:, :1], n, axis=1), True)
+    kc_np, vc_np = xp.np(kc), xp.np(vc)
+    for i, (ln, p) in enumerate(zip(lens_np, pad_np)):
+        np.testing.assert_allclose(kc_np[i, ln:ln + n], want_k[i], atol=1e-5, rtol=1e-5)
+        assert_close(out[i:i + 1], ref.fwd(want_q[i:i + 1], kc_np[i:i + 1, p:ln + n], vc_np[i:i + 1, p:ln + n],
+                                           None, causal)[0], atol=2e-5)
+    # without new keys: the cache as it is
+    lens2 = xp.int32(lens_np + n)
+    out2 = fai.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens2, cache_leftpad=xp.int32(pad_np), causal=causal)
+    for i, (ln, p) in enumerate(zip(lens_np + n, pad_np)):
+        assert_close(out2[i:i + 1], ref.fwd(xp.np(q)[i:i + 1], kc_np[i:i + 1, p:ln], vc_np[i:i + 1, p:ln], None,
+                                            causal)[0], atol=2e-5)
+    md = fai.get_scheduler_metadata(b, n, cap, hq, hkv, d, lens2, cache_leftpad=xp.int32(pad_np))
+    assert tuple(md.shape) == (0,)
+
+
 def test_flash_attn_with_kvcache_batch_idx_and_packed_new_keys(fai, xp):
     # cache_batch_idx: sequence b in cache row idx[b]; cu_seqlens_k_new: k, v packed
     cap, hq, hkv, d = 12, 4, 2, 32
@@ -424,13 +462,11 @@ def test_unsupported_arguments_still_raise(fai, xp):
     q = xp.randn(1, 4, 2, 16)
     kc = xp.randn(1, 8, 2, 16)
     lens = xp.int32([3])
-    for kw in (dict(cache_leftpad=lens), dict(qv=q), dict(attention_chunk=4)):
+    for kw in (dict(qv=q), dict(attention_chunk=4)):
         with pytest.raises(NotImplementedError, match=list(kw)[0]):
             fai.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, **kw)
     with pytest.raises(NotImplementedError, match="attention_chunk"):
         fai.flash_attn_func(q, q, q, attention_chunk=2)
-    with pytest.raises(NotImplementedError, match="cache_leftpad"):
-        fai.get_scheduler_metadata(1, 4, 8, 2, 2, 16, lens, cache_leftpad=lens)
 
 
 # ---- the switch -----------------------------------------------------------------------

@@ -76,7 +76,8 @@ static int kernel_headdim(const fa3c_problem *pr) {
 static const fwd_instance *find_fwd(const fa3c_problem *pr) {
     const fwd_instance *found = NULL;
     const int right_bound = fa3c_window_right(pr) >= 0, headdim = kernel_headdim(pr);
-    int varlen = pr->seqused_k || pr->seqused_q || pr->page_table || pr->cu_seqlens_q || pr->cu_seqlens_k;
+    int varlen = pr->seqused_k || pr->seqused_q || pr->leftpad_k || pr->page_table || pr->cu_seqlens_q ||
+                 pr->cu_seqlens_k;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const fwd_instance *in = &fwd_instances[i];
         if (in->dtype != pr->dtype || in->headdim != headdim || in->varlen != varlen) continue;
@@ -157,9 +158,10 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->sinks && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.sinks: the CUDA fp8 (e4m3) forward does not take "
                           "attention sinks yet (bf16 and fp16 do; the CPU backends take every dtype)");
-    if (pr->leftpad_k)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.leftpad_k: a left-padded KV cache runs on the CPU "
-                          "backends only so far");
+    if (pr->leftpad_k && (pr->page_table || pr->dtype == FA3C_DTYPE_E4M3))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.leftpad_k: the CUDA backend takes a left-padded KV "
+                          "cache in bf16 / fp16 without a page table (a padding that is not a multiple of the "
+                          "pages' boxes would split boxes across pages); the CPU backends take every form");
     if (pr->seqused_q && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA fp8 (e4m3) forward does not take "
                           "queries used per sequence yet (bf16 and fp16 do; the CPU backends take every dtype)");
@@ -182,7 +184,7 @@ fa3c_status fa3c_cuda_fwd_supported(const fa3c_fwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: packed sequences (cu_seqlens) of batch x seqlen "
                           ">= 2^31 tokens");
     fa3c_problem fixed = *pr;
-    fixed.seqused_k = fixed.seqused_q = NULL;
+    fixed.seqused_k = fixed.seqused_q = fixed.leftpad_k = NULL;
     fixed.page_table = NULL;
     fixed.cu_seqlens_q = fixed.cu_seqlens_k = NULL;
     if (!find_fwd(&fixed))

@@ -93,10 +93,15 @@ typedef struct fa3c_fwd_kernel_params {
      * from that end, as with cu_seqlens_q (scheduler.cuh), so no tile has a
      * row past it and no O row past it is stored. */
     const int *seqused_q;
+    /* Left padding of a KV cache (variable-length instances; NULL = none):
+     * batch int32 in device memory, problem.leftpad_k. Sequence b's keys
+     * start at row leftpad_k[b] of its cache (sequence_of_batch: k_start) and
+     * end where they would without it. Not with a page table (fwd_host.c). */
+    const int *leftpad_k;
     /* Where the paged K/V copier's pointers, strides and page count were
      * (removed, docs/KNOBS.md): the fields after keep their offsets, and the
      * kernels their SASS. Never read. */
-    int64_t unused_copier_fields[8];
+    int64_t unused_copier_fields[7];
     /* Packed sequences (variable-length instances; NULL = fixed length):
      * batch + 1 prefix sums of the query / key counts, device memory. The
      * q / out (k / v) maps are then one batch of batch x seqlen_q (_k) tokens,

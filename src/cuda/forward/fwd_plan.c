@@ -92,6 +92,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     k->seqlen_k = pr->seqlen_k;
     k->seqused_k = pr->seqused_k;
     k->seqused_q = pr->seqused_q;
+    k->leftpad_k = pr->leftpad_k;
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;
     /* Paged KV: boxes of gcd(block_n, page_size) rows (fwd_params.h); the
@@ -136,7 +137,8 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
      * are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;
     k->cluster = facts->cluster > 1 && unmasked && k->num_splits == 1 &&
-                         !k->seqused_k && !k->seqused_q && !k->page_table && !k->cu_seqlens_q && !k->cu_seqlens_k &&
+                         !k->seqused_k && !k->seqused_q && !k->leftpad_k && !k->page_table && !k->cu_seqlens_q &&
+                         !k->cu_seqlens_k &&
                          k->num_m_blocks % 2 == 0
                      ? 2
                      : 1;

@@ -135,8 +135,8 @@ FA3C_DEVICE void load_kv_slot(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_
     mbar_arrive_expect_tx(full, BLOCK_N * D * 2);
     if (VARLEN && p.cu_seqlens_k)   // packed keys: from the sequence's first token, blocks from key0
         load_kv_tile<D, BLOCK_N, PAIRED>(dst, map, full, t.k_start + t.key0 + n * BLOCK_N, t.head_kv, 0);
-    else
-        load_kv_tile<D, BLOCK_N, PAIRED>(dst, map, full, n * BLOCK_N, t.head_kv, t.batch);
+    else   // the batch's cache, from its first key (VARLEN: past leftpad_k)
+        load_kv_tile<D, BLOCK_N, PAIRED>(dst, map, full, (VARLEN ? t.k_start : 0) + n * BLOCK_N, t.head_kv, t.batch);
 }
 
 // K of key block n into the slot of ring index r, once the slot is free.

@@ -19,7 +19,8 @@ struct FwdTile {
     int u_begin, u_end;         // key blocks with nothing masked (mask skipped)
     // Variable-length instances only (unset in the others):
     int seqlen_q, rows, seqlen_k;   // the sequence's queries, rows (queries x pack) and keys
-    int q_start, k_start;           // its first token in q / out and in k / v (cu_seqlens; else 0)
+    int q_start, k_start;           // its first token in q / out (cu_seqlens_q; else 0) and its first key's
+                                    // row in k / v (cu_seqlens_k's token, plus leftpad_k; else 0)
     int key0;                       // the key of row 0 of key block 0: 0, or <= 0 for packed keys,
                                     // whose blocks end at the sequence's last key (sequence_of_batch)
 };
@@ -72,6 +73,11 @@ FA3C_HOST_DEVICE void sequence_of_batch(const fa3c_fwd_kernel_params &p, int b, 
         k0 = min(max(k0, 0), p.batch * p.seqlen_k - nk);
     }
     if (p.seqused_k) nk = min(max(p.seqused_k[b], 0), nk);
+    if (p.leftpad_k) {   // the keys start past the padding: row k0 of the packed keys, or of the batch's cache
+        const int pad = min(max(p.leftpad_k[b], 0), nk);
+        nk -= pad;
+        k0 += pad;
+    }
     if (p.seqused_q) nq = min(max(p.seqused_q[b], 0), nq);
     t.seqlen_q = nq;
     t.rows = nq * p.pack;
