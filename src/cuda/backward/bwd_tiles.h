@@ -121,6 +121,13 @@
 #define FA3C_BWD_LPT 1
 #endif
 
+/* The wide kernel's 80-key form without softcap: P computed and stored as
+ * soon as S is done, while dP's GEMM runs (FA3's order; the narrow kernel's
+ * since run 96), dS once dP is; 0: both after both GEMMs. */
+#ifndef FA3C_BWD_WIDE_P_UNDER_DP
+#define FA3C_BWD_WIDE_P_UNDER_DP 1
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)

@@ -193,6 +193,29 @@ FA3C_DEVICE void wide_probs_and_grads(float *s, float *dp, const float lse[2], c
             }
 }
 
+// The same in two steps, without softcap: P as soon as S is done (while dP's
+// GEMM runs: FA3's order, as the narrow kernel's), then dS once dP is.
+template <int NK>
+FA3C_DEVICE void wide_probs(float *s, const float lse[2], const fa3c_bwd_kernel_params &p, const int lo[2],
+                            const int hi[2]) {
+#pragma unroll
+    for (int j = 0; j < NK / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int i = 4 * j + 2 * r + e;
+                float x = s[i] * p.score_log2 - lse[r];
+                if (!(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
+                s[i] = ex2f(x);
+            }
+}
+template <int NK>
+FA3C_DEVICE void wide_grads(const float *prob, float *dp, const float dsum[2]) {
+#pragma unroll
+    for (int i = 0; i < NK / 2; i++) dp[i] = prob[i] * (dp[i] - dsum[(i / 2) % 2]);
+}
+
 // This warp's 16 query rows of P or dS (A fragments of 32 keys) into the
 // buffer at the warpgroup's key columns, 8x8 matrices at a time
 // (store_ds's pattern, rows and columns swapped).
@@ -348,18 +371,30 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             seen_keys(q0 + row0 + 8 * r, n_block * N, BWD_SEQ(sm, sk), rel_lo, BWD_SEQ(sm, rel_hi),
                       BWD_SEQ(sm, k_start) + S::KEY0, S::NK, lane % 4, lo[r], hi[r]);
         }
-        wgmma_wait<0>();
-        bwd_fence_regs<S::NK / 2>(st);
-        bwd_fence_regs<S::NK / 2>(dpt);
-        wide_probs_and_grads<SOFTCAP, S::NK>(st, dpt, lse, dsum, p, lo, hi);
-
         // P and dS to smem; the barrier: both warpgroups' halves are there
         // (and step it - 2's buffers are read: each warpgroup waited for its
         // GEMMs before it came to the barrier of step it - 1).
-        if constexpr (Smem::TRANSPOSED) {
+        if constexpr (Smem::TRANSPOSED && !SOFTCAP && FA3C_BWD_WIDE_P_UNDER_DP) {
+            wgmma_wait<1>();   // S is done, dP's GEMM still runs: P and its store under it
+            bwd_fence_regs<S::NK / 2>(st);
+            wide_probs<S::NK>(st, lse, p, lo, hi);
+            store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.p[it % 2], st, warp);
+            wgmma_wait<0>();
+            bwd_fence_regs<S::NK / 2>(dpt);
+            wide_grads<S::NK>(st, dpt, dsum);
+            store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.ds[it % 2], dpt, warp);
+        } else if constexpr (Smem::TRANSPOSED) {
+            wgmma_wait<0>();
+            bwd_fence_regs<S::NK / 2>(st);
+            bwd_fence_regs<S::NK / 2>(dpt);
+            wide_probs_and_grads<SOFTCAP, S::NK>(st, dpt, lse, dsum, p, lo, hi);
             store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.p[it % 2], st, warp);
             store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sm.ds[it % 2], dpt, warp);
         } else {
+            wgmma_wait<0>();
+            bwd_fence_regs<S::NK / 2>(st);
+            bwd_fence_regs<S::NK / 2>(dpt);
+            wide_probs_and_grads<SOFTCAP, S::NK>(st, dpt, lse, dsum, p, lo, hi);
             uint32_t p_frag[2][4], ds_frag[2][4];
             probs_to_fragments<32, FP16>(st, p_frag);
             probs_to_fragments<32, FP16>(dpt, ds_frag);
