@@ -225,70 +225,53 @@ TEST(seqused_k_past_the_keys) {
     cudaFree(dused);
 }
 
-// seqused_q past seqlen_q, and negative: the forward (unsplit and split-KV,
-// whose combine reads the counts too) keeps to the queries it has.
-TEST(seqused_q_past_the_queries) {
-    REQUIRE_SM90();
+// A per-sequence count in device memory (problem.seqused_q or .leftpad_k)
+// of {5000, -3}: past the queries or keys, and negative. fa3c_fwd_check_device
+// names it; the forward (unsplit and split-KV, whose combine reads the counts
+// too) keeps to the tensors it has.
+static void forward_with_counts_past_the_ends(int leftpad) {
     enum { B = 2, S = 64, SK = 512, H = 2, D = 128 };   // 4 key blocks: room for split-KV
+    const char *name = leftpad ? "leftpad_k" : "seqused_q";
     const int64_t n = (int64_t)B * S * H * D, nk = (int64_t)B * SK * H * D;
     guarded q = make_guarded(n, 1), k = make_guarded(nk, 1), v = make_guarded(nk, 1), out = make_guarded(n, 0);
     float *lse = NULL;
     cudaMalloc((void **)&lse, (size_t)B * H * S * 4);
-    const int32_t used[B] = {5000, -3};
-    int32_t *dused = device_ints(used, B);
+    const int32_t counts[B] = {5000, -3};
+    int32_t *dcounts = device_ints(counts, B);
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
     tu_problem_shape(&p.problem, FA3C_DTYPE_BF16, B, S, SK, H, H, D);
-    p.problem.seqused_q = dused;
+    if (leftpad) p.problem.leftpad_k = dcounts;
+    else p.problem.seqused_q = dcounts;
     p.problem.causal = 1;
     p.q = tu_tensor(data(&q), B, S, H, D), p.k = tu_tensor(data(&k), B, SK, H, D);
     p.v = tu_tensor(data(&v), B, SK, H, D), p.out = tu_tensor(data(&out), B, S, H, D);
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    expect_device_check("seqused_q {5000, -3}", fa3c_fwd_check_device(&p, NULL), "problem.seqused_q[0]");
+    char label[96], needle[32];
+    snprintf(label, sizeof label, "%s {5000, -3}", name);
+    snprintf(needle, sizeof needle, "problem.%s[0]", name);
+    expect_device_check(label, fa3c_fwd_check_device(&p, NULL), needle);
     for (int splits = 1; splits <= 2; splits++) {
         p.num_splits = splits;
-        char label[80];
-        snprintf(label, sizeof label, "seqused_q {5000, -3} over 64 queries, %d split%s", splits, splits > 1 ? "s" : "");
+        snprintf(label, sizeof label, "%s {5000, -3} over %s, %d split%s", name,
+                 leftpad ? "512 keys" : "64 queries", splits, splits > 1 ? "s" : "");
         check_aftermath(label, fa3c_fwd(&p, NULL), &out, 1);
     }
     guarded all[4] = {q, k, v, out};
     for (int i = 0; i < 4; i++) cudaFree(all[i].alloc);
     cudaFree(lse);
-    cudaFree(dused);
+    cudaFree(dcounts);
 }
 
-// leftpad_k past the keys, and negative: the forward (unsplit and split-KV)
-// keeps to the cache it has.
+TEST(seqused_q_past_the_queries) {
+    REQUIRE_SM90();
+    forward_with_counts_past_the_ends(0);
+}
+
 TEST(leftpad_k_past_the_keys) {
     REQUIRE_SM90();
-    enum { B = 2, S = 64, SK = 512, H = 2, D = 128 };
-    const int64_t n = (int64_t)B * S * H * D, nk = (int64_t)B * SK * H * D;
-    guarded q = make_guarded(n, 1), k = make_guarded(nk, 1), v = make_guarded(nk, 1), out = make_guarded(n, 0);
-    float *lse = NULL;
-    cudaMalloc((void **)&lse, (size_t)B * H * S * 4);
-    const int32_t pad[B] = {5000, -3};
-    int32_t *dpad = device_ints(pad, B);
-    fa3c_fwd_params p;
-    fa3c_fwd_params_init(&p);
-    tu_problem_shape(&p.problem, FA3C_DTYPE_BF16, B, S, SK, H, H, D);
-    p.problem.leftpad_k = dpad;
-    p.problem.causal = 1;
-    p.q = tu_tensor(data(&q), B, S, H, D), p.k = tu_tensor(data(&k), B, SK, H, D);
-    p.v = tu_tensor(data(&v), B, SK, H, D), p.out = tu_tensor(data(&out), B, S, H, D);
-    p.lse = lse;
-    p.backend = FA3C_BACKEND_CUDA;
-    expect_device_check("leftpad_k {5000, -3}", fa3c_fwd_check_device(&p, NULL), "problem.leftpad_k[0]");
-    for (int splits = 1; splits <= 2; splits++) {
-        p.num_splits = splits;
-        char label[80];
-        snprintf(label, sizeof label, "leftpad_k {5000, -3} over 512 keys, %d split%s", splits, splits > 1 ? "s" : "");
-        check_aftermath(label, fa3c_fwd(&p, NULL), &out, 1);
-    }
-    guarded all[4] = {q, k, v, out};
-    for (int i = 0; i < 4; i++) cudaFree(all[i].alloc);
-    cudaFree(lse);
-    cudaFree(dpad);
+    forward_with_counts_past_the_ends(1);
 }
 
 TEST_MAIN()
