@@ -99,24 +99,6 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     return FA3C_STATUS_OK;
 }
 
-/* How many (K/V head, batch) pairs a section of the grid holds
- * (fa3c_bwd_tile_of_cta). Under a causal mask: as many as keep their Q, dO
- * and dQ accumulator in about 40 of the L2's 50 MB, rounded down to a power
- * of two (FA3's choice), so that the longest CTAs of each section start
- * first while the section's inputs stay in the L2. Otherwise, and with
- * FA3C_BWD_LPT=0, one pair at a time: every key block's walk is as long,
- * and the pair's CTAs share its Q and dO. */
-static int grid_section(const fa3c_problem *pr, int kernel_d) {
-    const int pairs = pr->heads_kv * pr->batch;
-    if (!FA3C_BWD_LPT || !pr->causal) return 1;
-    /* per query row: Q and dO (bf16 / fp16) and the fp32 accumulator's row */
-    const int64_t per_pair = (int64_t)pr->seqlen_q * (pr->heads_q / pr->heads_kv) * (2 * kernel_d * 2 + kernel_d * 4);
-    const int64_t fit = (40ll << 20) / (per_pair > 0 ? per_pair : 1);
-    int section = 1;
-    while (2ll * section <= fit && 2 * section <= pairs) section *= 2;
-    return section;
-}
-
 /* The kernel's parameters: TMA maps, sizes, the sequences, scale and mask
  * (bwd_params.h). */
 static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int block_m,
@@ -143,7 +125,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->headdim = d;
     k->block_n = block_n;
     k->num_n_blocks = (pr->seqlen_k + block_n - 1) / block_n;
-    k->section = grid_section(pr, FA3C_BWD_KERNEL_HEADDIM(d));
+    k->section = 1;   /* each (K/V head, batch) pair's key blocks in turn (bwd_params.h) */
     k->group = pr->heads_q / pr->heads_kv;
     k->rows_pad = rows_pad;
     k->dk = p->dk.data;

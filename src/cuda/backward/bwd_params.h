@@ -72,7 +72,9 @@ typedef struct fa3c_bwd_kernel_params {
     int block_n;               /* keys per CTA, FA3C_BWD_BLOCK_N: the K/V maps' box rows (the launch checks it) */
     /* The grid is 1-D: num_n_blocks (the longest sequence's keys / block_n) x heads_kv x batch
      * CTAs, in sections of `section` (K/V head, batch) pairs, key block major within one
-     * (bwd_tile_of_cta; 1 = each pair's key blocks in turn). */
+     * (bwd_tile_of_cta). The host sets 1: each pair's key blocks in turn. Sections sized to
+     * the L2 under a causal mask (FA3's LPT order) measured no faster (bench/RESULTS.md run
+     * 119; the host's choice of them is at commit 29fb44d, FA3C_BWD_LPT). */
     int num_n_blocks, section;
 } fa3c_bwd_kernel_params;
 

@@ -111,16 +111,6 @@
 #define FA3C_BWD_DQ_CLAIM_EARLY 1
 #endif
 
-/* The order of the CTAs under a causal mask (bwd_tile_of_cta): 1 walks
- * sections of (K/V head, batch) pairs whose Q, dO and dQ fit in the L2,
- * key block major, so that each section starts with its longest CTAs
- * (FA3's LPT order); 0 (the default: 1 measured no faster, run 119) takes
- * one pair's key blocks after another, as without a mask. Only the host
- * reads it (the kernel follows params.section). */
-#ifndef FA3C_BWD_LPT
-#define FA3C_BWD_LPT 0
-#endif
-
 /* The wide kernel's 80-key form without softcap: P computed and stored as
  * soon as S is done, while dP's GEMM runs (FA3's order; the narrow kernel's
  * since run 96), dS once dP is; 0: both after both GEMMs. */
