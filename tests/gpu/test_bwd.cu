@@ -843,10 +843,10 @@ TEST(bwd_not_supported_is_reported) {
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, BF16, 1, 64, 64, 1, 1, 128);
-    void *d = NULL;   // eight tensors of 64 x 128 (room for 64 x 256), apart (outputs must not alias inputs)
-    CUDA_OK(cudaMalloc(&d, 8 * 64 * 256 * 2));
+    void *d = NULL;   // eight tensors of 64 x 128 (room for 64 x 264), apart (outputs must not alias inputs)
+    CUDA_OK(cudaMalloc(&d, 8 * 64 * 264 * 2));
     fa3c_tensor *ts[8] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
-    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 256 * 2, 1, 64, 1, 128);
+    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 264 * 2, 1, 64, 1, 128);
     float *lse = NULL;
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
@@ -854,10 +854,10 @@ TEST(bwd_not_supported_is_reported) {
     const char *what[2] = {"headdim_v", "seqused_q"}, *needle[2] = {"headdim_v", "seqused_q"};
     for (int i = 0; i < 2; i++) {
         fa3c_bwd_params q = p;
-        if (i == 0) {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
-            q.problem.headdim_v = 64;
+        if (i == 0) {   // v, out, dout, dv of 264 columns under q, k of 128: above 256, CPU backends only so far
+            q.problem.headdim_v = 264;
             fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
-            for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 64);
+            for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 264);
         } else {   // queries used per sequence: the forward takes them, the backward not yet (a device array)
             q.problem.seqused_q = (const int32_t *)lse;
         }
