@@ -111,8 +111,8 @@ typedef struct fa3c_problem {
     const float *sinks;
     /* Head dim of v, out, dout and dv when it differs from headdim (MLA:
      * q, k 192 with v 128): 8..512, a multiple of 8; 0 = headdim. CPU
-     * backends only so far: the CUDA backend returns NOT_SUPPORTED for
-     * headdim_v != headdim. */
+     * backends; the CUDA backend in bf16 / fp16 up to 256 (NOT_SUPPORTED
+     * above: absorbed decode's 512). */
     int headdim_v;
     /* Optional (NULL = all): number of queries actually used per sequence
      * (batch int32, FA3's seqused_q), in the same memory as the tensors.

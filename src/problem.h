@@ -87,6 +87,11 @@ static inline int fa3c_headdim_v(const fa3c_problem *pr) {
     return pr->headdim_v ? pr->headdim_v : pr->headdim;
 }
 
+/* The wider of the two head dims: the columns a padded kernel spans. */
+static inline int fa3c_headdim_max(const fa3c_problem *pr) {
+    return fa3c_headdim_v(pr) > pr->headdim ? fa3c_headdim_v(pr) : pr->headdim;
+}
+
 /* Head h's sink logit (problem.sinks), -inf without sinks: one more term
  * exp(sink) in every row's softmax denominator, with no value row. */
 static inline float fa3c_sink(const fa3c_problem *pr, int h) {

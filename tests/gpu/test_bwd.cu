@@ -31,7 +31,10 @@ typedef struct {
     int varlen, lens_q[8], lens_k[8];
     int seqused, used[8];
     int sinks;   // 1: an attention sink per query head (-inf, 6, random) and its gradient dsinks
+    int headdim_v;   // v's, out's, dout's and dv's head dim; 0: headdim (MLA prefill: 192 / 128)
 } bwd_case;
+
+static int dv_of(const bwd_case *c) { return c->headdim_v ? c->headdim_v : c->headdim; }
 
 static bwd_case bcase(fa3c_dtype dt, int b, int sq, int sk, int hq, int hkv, int d) {
     bwd_case c;
@@ -67,37 +70,35 @@ typedef struct {
 // inputs, out and lse as the GPU gets them. dk and dv of keys no query
 // sees (or past those used) stay 0.
 static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const seq_layout *L, int64_t nq, int64_t nk,
-                           const float *q, const float *k, const float *v, const float *o, const float *dout,
-                           const float *lse, float *dq, float *dk, float *dv) {
-    const int HQ = c->heads_q, HK = c->heads_kv, D = c->headdim, group = HQ / HK;
+                           int64_t nv, const float *q, const float *k, const float *v, const float *o,
+                           const float *dout, const float *lse, float *dq, float *dk, float *dv) {
+    const int HQ = c->heads_q, HK = c->heads_kv, D = c->headdim, DV = dv_of(c), group = HQ / HK;
     const double scale = pr->softmax_scale;
     memset(dq, 0, sizeof(float) * nq);
-    double *dk_acc = (double *)tu_alloc(sizeof(double) * nk), *dv_acc = (double *)tu_alloc(sizeof(double) * nk);
+    double *dk_acc = (double *)tu_alloc(sizeof(double) * nk), *dv_acc = (double *)tu_alloc(sizeof(double) * nv);
     memset(dk_acc, 0, sizeof(double) * nk);
-    memset(dv_acc, 0, sizeof(double) * nk);
+    memset(dv_acc, 0, sizeof(double) * nv);
     float *ds = (float *)tu_alloc(sizeof(float) * (c->seqlen_k + 1));
     for (int b = 0; b < c->batch; b++)
         for (int h = 0; h < HQ; h++) {
             const int hk = h / group, SQ = L->sq[b], SK = L->sk[b];
             for (int i = 0; i < SQ; i++) {
-                const int64_t qrow = ((L->tq0[b] + i) * HQ + h) * D;
-                const float *qi = q + qrow, *gi = dout + qrow, *oi = o + qrow;
+                const int64_t qrow = ((L->tq0[b] + i) * HQ + h) * D, orow = ((L->tq0[b] + i) * HQ + h) * DV;
+                const float *qi = q + qrow, *gi = dout + orow, *oi = o + orow;
                 const float l = L->packed_q ? lse[h * L->total_q + L->tq0[b] + i] : lse[((int64_t)b * HQ + h) * c->seqlen_q + i];
                 double dsum = 0;
-                for (int e = 0; e < D; e++) dsum += (double)gi[e] * oi[e];
+                for (int e = 0; e < DV; e++) dsum += (double)gi[e] * oi[e];
                 const float dsum_r = round_to(c->dtype, (float)dsum);
                 int lo, hi;
                 fa3c_key_range(pr, i, SQ, SK, &lo, &hi);
                 for (int j = 0; j < SK; j++) {
                     ds[j] = 0;
                     if (j < lo || j > hi || isinf(l)) continue;
-                    const int64_t krow = ((L->tk0[b] + j) * HK + hk) * D;
-                    const float *kj = k + krow, *vj = v + krow;
+                    const int64_t krow = ((L->tk0[b] + j) * HK + hk) * D, vrow = ((L->tk0[b] + j) * HK + hk) * DV;
+                    const float *kj = k + krow, *vj = v + vrow;
                     double s = 0, dp = 0;
-                    for (int e = 0; e < D; e++) {
-                        s += (double)qi[e] * kj[e];
-                        dp += (double)gi[e] * vj[e];
-                    }
+                    for (int e = 0; e < D; e++) s += (double)qi[e] * kj[e];
+                    for (int e = 0; e < DV; e++) dp += (double)gi[e] * vj[e];
                     double score = s * scale, slope = 1;
                     if (pr->softcap > 0) {   // score = cap · tanh(score / cap), tanh' = 1 - t^2
                         const double t = tanh(score / pr->softcap);
@@ -106,10 +107,8 @@ static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const seq_
                     }
                     const float p = round_to(c->dtype, (float)exp(score - l));
                     ds[j] = round_to(c->dtype, (float)(p * (round_to(c->dtype, (float)dp) - dsum_r) * slope));
-                    for (int e = 0; e < D; e++) {
-                        dv_acc[krow + e] += (double)p * gi[e];
-                        dk_acc[krow + e] += (double)ds[j] * qi[e] * scale;
-                    }
+                    for (int e = 0; e < DV; e++) dv_acc[vrow + e] += (double)p * gi[e];
+                    for (int e = 0; e < D; e++) dk_acc[krow + e] += (double)ds[j] * qi[e] * scale;
                 }
                 for (int e = 0; e < D; e++) {
                     double acc = 0;
@@ -118,10 +117,8 @@ static void bwd_naive_lowp(const bwd_case *c, const fa3c_problem *pr, const seq_
                 }
             }
         }
-    for (int64_t i = 0; i < nk; i++) {
-        dk[i] = round_to(c->dtype, (float)dk_acc[i]);
-        dv[i] = round_to(c->dtype, (float)dv_acc[i]);
-    }
+    for (int64_t i = 0; i < nk; i++) dk[i] = round_to(c->dtype, (float)dk_acc[i]);
+    for (int64_t i = 0; i < nv; i++) dv[i] = round_to(c->dtype, (float)dv_acc[i]);
     free(dk_acc);
     free(dv_acc);
     free(ds);
@@ -228,7 +225,7 @@ static int64_t guards_written(const void *alloc, int64_t guard, int64_t n) {
 // deterministic or not).
 static void check_dsinks(const bwd_case *c, const seq_layout *L, const float *sinks, const float *lse,
                          const float *fo, const float *fdout, const float *ref, float *const got[2]) {
-    const int HQ = c->heads_q, D = c->headdim;
+    const int HQ = c->heads_q, D = dv_of(c);   // out's and dout's columns
     double worst = 0;
     int bad = 0;
     for (int h = 0; h < HQ; h++) {
@@ -259,6 +256,7 @@ static void check_dsinks(const bwd_case *c, const seq_layout *L, const float *si
 
 static void run_case(const char *label, bwd_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
+    const int64_t DV = dv_of(&c);
     const size_t es = tu_dtype_size(c.dtype);
     printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) packed=%d outlier=%g "
            "deterministic=%d softcap=%g", label, tu_dtype_name(c.dtype), c.batch, c.seqlen_q, c.seqlen_k, c.heads_q,
@@ -266,6 +264,7 @@ static void run_case(const char *label, bwd_case c) {
            c.softcap);
     for (int b = 0; c.varlen && b < c.batch; b++) printf("%s%d/%d", b ? "," : " lens q/k ", c.lens_q[b], c.lens_k[b]);
     for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k ", c.used[b]);
+    if (DV != D) printf(" headdim_v %d", (int)DV);
     printf("%s\n", c.sinks ? " sinks" : "");
     if ((c.varlen || c.seqused) && (c.packed_qkv || c.batch > 8)) {
         CHECK(0, "test case: varlen and seqused_k need separate q, k, v and batch <= 8");
@@ -290,9 +289,11 @@ static void run_case(const char *label, bwd_case c) {
     L.packed_q = c.varlen;
     const int64_t BT = c.varlen ? 1 : B, SQT = c.varlen ? cu_q[c.batch] : SQ, SKT = c.varlen ? cu_k[c.batch] : SK;
     const int64_t nq = BT * SQT * HQ * D, nk = BT * SKT * HK * D, nlse = BT * HQ * SQT;
+    const int64_t no = BT * SQT * HQ * DV, nv = BT * SKT * HK * DV;   // out, dout; v, dv
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, c.dtype, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim);
+    p.problem.headdim_v = DV != D ? (int)DV : 0;
     p.problem.causal = c.causal;
     p.problem.window_left = c.window_left;
     p.problem.window_right = c.window_right;
@@ -318,6 +319,12 @@ static void run_case(const char *label, bwd_case c) {
     // Inputs in the dtype: q, k, v (separate or packed), dout.
     void *bufs[3];
     random_qkv(&p.q, &p.k, &p.v, bufs, c.dtype, c.packed_qkv, BT, SQT, SKT, HQ, HK, D);
+    if (DV != D) {   // v of its own head dim (separate tensors only)
+        free(bufs[2]);
+        bufs[2] = tu_alloc(nv * es);
+        tu_fill_normal(bufs[2], c.dtype, nv, 1.f);
+        p.v = tu_tensor(bufs[2], BT, SKT, HK, DV);
+    }
     void *hq = p.q.data, *hk = p.k.data, *hv = p.v.data, *hqkv = c.packed_qkv ? bufs[0] : NULL;
     if (c.outlier > 0) {   // contiguous tensors only (packed_qkv has no outliers)
         for (int64_t i = 0; i < nq / 1000 + 1; i++) {
@@ -331,67 +338,66 @@ static void run_case(const char *label, bwd_case c) {
     }
     if (c.seqused) {   // the keys past each sequence's count: NaN (a KV cache's unused rows may hold anything)
         for (int b = 0; b < c.batch; b++)
-            for (int64_t j = L.sk[b]; j < cu_k[b + 1] - cu_k[b]; j++)
-                for (int64_t e = 0; e < HK * D; e++) {
-                    tu_store(hk, c.dtype, (L.tk0[b] + j) * HK * D + e, NAN);
-                    tu_store(hv, c.dtype, (L.tk0[b] + j) * HK * D + e, NAN);
-                }
+            for (int64_t j = L.sk[b]; j < cu_k[b + 1] - cu_k[b]; j++) {
+                for (int64_t e = 0; e < HK * D; e++) tu_store(hk, c.dtype, (L.tk0[b] + j) * HK * D + e, NAN);
+                for (int64_t e = 0; e < HK * DV; e++) tu_store(hv, c.dtype, (L.tk0[b] + j) * HK * DV + e, NAN);
+            }
     }
-    void *hdout = tu_alloc(nq * es);
-    tu_fill_normal(hdout, c.dtype, nq, 1.f);
-    tu_strides_bshd(p.dout.stride, BT, SQT, HQ, D);
+    void *hdout = tu_alloc(no * es);
+    tu_fill_normal(hdout, c.dtype, no, 1.f);
+    tu_strides_bshd(p.dout.stride, BT, SQT, HQ, DV);
     p.dout.data = hdout;
 
     // out (in the dtype) and lse from the float64 reference forward: what a forward would hand the backward.
-    float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nk * 4);
-    float *fdout = (float *)tu_alloc(nq * 4), *fo = (float *)tu_alloc(nq * 4), *lse = (float *)tu_alloc(nlse * 4);
+    float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nv * 4);
+    float *fdout = (float *)tu_alloc(no * 4), *fo = (float *)tu_alloc(no * 4), *lse = (float *)tu_alloc(nlse * 4);
     tu_gather(fq, &p.q, c.dtype, BT, SQT, HQ, D);
     tu_gather(fk, &p.k, c.dtype, BT, SKT, HK, D);
-    tu_gather(fv, &p.v, c.dtype, BT, SKT, HK, D);
-    tu_gather(fdout, &p.dout, c.dtype, BT, SQT, HQ, D);
+    tu_gather(fv, &p.v, c.dtype, BT, SKT, HK, DV);
+    tu_gather(fdout, &p.dout, c.dtype, BT, SQT, HQ, DV);
     fa3c_fwd_params f;
     fa3c_fwd_params_init(&f);
     f.problem = p.problem;
     f.problem.dtype = FA3C_DTYPE_FP32;
     f.q = tu_tensor(fq, BT, SQT, HQ, D);
     f.k = tu_tensor(fk, BT, SKT, HK, D);
-    f.v = tu_tensor(fv, BT, SKT, HK, D);
-    f.out = tu_tensor(fo, BT, SQT, HQ, D);
+    f.v = tu_tensor(fv, BT, SKT, HK, DV);
+    f.out = tu_tensor(fo, BT, SQT, HQ, DV);
     f.lse = lse;
     f.backend = FA3C_BACKEND_CPU_REFERENCE;
     CHECK(fa3c_fwd(&f, NULL) == FA3C_STATUS_OK, "reference forward: %s", fa3c_last_error());
-    void *hout = tu_alloc(nq * es);
-    for (int64_t i = 0; i < nq; i++) {
+    void *hout = tu_alloc(no * es);
+    for (int64_t i = 0; i < no; i++) {
         tu_store(hout, c.dtype, i, fo[i]);
         fo[i] = tu_load(hout, c.dtype, i);   // the rounded out, as the backward sees it
     }
-    tu_strides_bshd(p.out.stride, BT, SQT, HQ, D);
+    tu_strides_bshd(p.out.stride, BT, SQT, HQ, DV);
 
     // The float64 reference backward on float copies, and the naive one in the dtype.
-    float *ref = (float *)tu_alloc((nq + 2 * nk) * 4), *lowp = (float *)tu_alloc((nq + 2 * nk) * 4);
+    float *ref = (float *)tu_alloc((nq + nk + nv) * 4), *lowp = (float *)tu_alloc((nq + nk + nv) * 4);
     fa3c_bwd_params r = p;
     r.problem.dtype = FA3C_DTYPE_FP32;
     r.q = f.q;
     r.k = f.k;
     r.v = f.v;
-    r.out = tu_tensor(fo, BT, SQT, HQ, D);
-    r.dout = tu_tensor(fdout, BT, SQT, HQ, D);
+    r.out = tu_tensor(fo, BT, SQT, HQ, DV);
+    r.dout = tu_tensor(fdout, BT, SQT, HQ, DV);
     r.lse = lse;
     r.dq = tu_tensor(ref, BT, SQT, HQ, D);
     r.dk = tu_tensor(ref + nq, BT, SKT, HK, D);
-    r.dv = tu_tensor(ref + nq + nk, BT, SKT, HK, D);
+    r.dv = tu_tensor(ref + nq + nk, BT, SKT, HK, DV);
     r.backend = FA3C_BACKEND_CPU_REFERENCE;
     float *ref_dsinks = sinks ? (float *)tu_alloc((size_t)HQ * sizeof(float)) : NULL;
     r.dsinks = ref_dsinks;
     CHECK(fa3c_bwd(&r, NULL) == FA3C_STATUS_OK, "reference backward: %s", fa3c_last_error());
-    bwd_naive_lowp(&c, &p.problem, &L, nq, nk, fq, fk, fv, fo, fdout, lse, lowp, lowp + nq, lowp + nq + nk);
+    bwd_naive_lowp(&c, &p.problem, &L, nq, nk, nv, fq, fk, fv, fo, fdout, lse, lowp, lowp + nq, lowp + nq + nk);
 
     // The GPU: inputs on the device, outputs between poisoned guards, two runs.
     const size_t q_bytes = (c.packed_qkv ? 3 * nq : nq) * es;
     void *dq_in = to_device(hqkv ? hqkv : hq, q_bytes);
     void *dk_in = hqkv ? (char *)dq_in + HQ * D * es : to_device(hk, nk * es);
-    void *dv_in = hqkv ? (char *)dq_in + 2 * HQ * D * es : to_device(hv, nk * es);
-    void *d_out = to_device(hout, nq * es), *d_dout = to_device(hdout, nq * es);
+    void *dv_in = hqkv ? (char *)dq_in + 2 * HQ * D * es : to_device(hv, nv * es);
+    void *d_out = to_device(hout, no * es), *d_dout = to_device(hdout, no * es);
     float *d_lse = (float *)to_device(lse, nlse * 4);
     int32_t *d_cu_q = c.varlen ? (int32_t *)to_device(cu_q, sizeof cu_q) : NULL;
     int32_t *d_cu_k = c.varlen ? (int32_t *)to_device(cu_k, sizeof cu_k) : NULL;
@@ -400,7 +406,7 @@ static void run_case(const char *label, bwd_case c) {
     float *g_dsinks[2] = {NULL, NULL};
     if (sinks) CUDA_OK(cudaMalloc((void **)&d_dsinks, (size_t)HQ * sizeof(float)));
     const int64_t guard = 4096;
-    const int64_t n_out[3] = {nq, nk, nk};
+    const int64_t n_out[3] = {nq, nk, nv};
     void *alloc[3] = {NULL, NULL, NULL};
     for (int t = 0; t < 3; t++) CUDA_OK(cudaMalloc(&alloc[t], (n_out[t] + 2 * guard) * es));
     void *gout[2][3];
@@ -415,7 +421,7 @@ static void run_case(const char *label, bwd_case c) {
         g.lse = d_lse;
         g.dq = tu_tensor((char *)alloc[0] + guard * es, BT, SQT, HQ, D);
         g.dk = tu_tensor((char *)alloc[1] + guard * es, BT, SKT, HK, D);
-        g.dv = tu_tensor((char *)alloc[2] + guard * es, BT, SKT, HK, D);
+        g.dv = tu_tensor((char *)alloc[2] + guard * es, BT, SKT, HK, DV);
         g.problem.cu_seqlens_q = d_cu_q;
         g.problem.cu_seqlens_k = d_cu_k;
         g.problem.seqused_k = d_used;
@@ -452,7 +458,7 @@ static void run_case(const char *label, bwd_case c) {
         }
     if (c.deterministic) CHECK(memcmp(gout[0][0], gout[1][0], nq * es) == 0, "deterministic: dq differs between two runs");
     CHECK(memcmp(gout[0][1], gout[1][1], nk * es) == 0, "dk differs between two runs: a race");
-    CHECK(memcmp(gout[0][2], gout[1][2], nk * es) == 0, "dv differs between two runs: a race");
+    CHECK(memcmp(gout[0][2], gout[1][2], nv * es) == 0, "dv differs between two runs: a race");
     for (int t = 0; t < 3; t++) {
         int64_t w = guards_written(alloc[t], guard, n_out[t]);
         CHECK(w == 0, "%s: %lld elements written outside the output", names[t], (long long)w);
@@ -513,6 +519,35 @@ TEST(bwd_hdim96) {
     c.deterministic = 1;
     c.softcap = 10.f;
     run_case("hdim 96 deterministic softcap", c);
+}
+
+// A value head dim of its own (problem.headdim_v; MLA prefill: q, k 192 with
+// v 128), on the kernel of the wider one: v's and dout's extra columns read as
+// zeros, dv is written in v's columns only, dsum sums dout . out over them.
+TEST(bwd_headdim_v) {
+    REQUIRE_CUDA_BWD();
+    bwd_case c = bcase(BF16, 2, 200, 200, 4, 4, 192);
+    c.headdim_v = 128;
+    c.causal = 1;
+    run_case("MLA prefill 192/128 causal", c);
+    c = bcase(BF16, 1, 150, 260, 8, 2, 192);
+    c.headdim_v = 128;
+    c.deterministic = 1;
+    run_case("192/128 gqa 4 deterministic", c);
+    c = bcase(FP16, 1, 129, 129, 2, 2, 128);
+    c.headdim_v = 192;
+    c.causal = 1;
+    run_case("128/192 fp16 (v wider)", c);
+    c = bcase(BF16, 2, 1, 1, 2, 2, 64);
+    c.headdim_v = 40;
+    c.varlen = 1;
+    c.lens_q[0] = 70, c.lens_k[0] = 90, c.lens_q[1] = 33, c.lens_k[1] = 20;
+    c.seqlen_q = 70, c.seqlen_k = 90;
+    run_case("64/40 packed sequences", c);
+    c = bcase(BF16, 1, 100, 100, 2, 1, 256);
+    c.headdim_v = 64;
+    c.sinks = FA3C_CUDA_SINKS;
+    run_case("256/64 mqa sinks", c);
 }
 
 // Any head dim, a multiple of 8 up to 256, on the next wider kernel (64, 128, 192, 256):
@@ -843,10 +878,10 @@ TEST(bwd_not_supported_is_reported) {
     fa3c_bwd_params p;
     fa3c_bwd_params_init(&p);
     tu_problem_shape(&p.problem, BF16, 1, 64, 64, 1, 1, 128);
-    void *d = NULL;   // eight tensors of 64 x 128 (room for 64 x 256), apart (outputs must not alias inputs)
-    CUDA_OK(cudaMalloc(&d, 8 * 64 * 256 * 2));
+    void *d = NULL;   // eight tensors of 64 x 128 (room for 64 x 264), apart (outputs must not alias inputs)
+    CUDA_OK(cudaMalloc(&d, 8 * 64 * 264 * 2));
     fa3c_tensor *ts[8] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
-    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 256 * 2, 1, 64, 1, 128);
+    for (int j = 0; j < 8; j++) *ts[j] = tu_tensor((char *)d + j * 64 * 264 * 2, 1, 64, 1, 128);
     float *lse = NULL;
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
@@ -854,10 +889,10 @@ TEST(bwd_not_supported_is_reported) {
     const char *what[2] = {"headdim_v", "seqused_q"}, *needle[2] = {"headdim_v", "seqused_q"};
     for (int i = 0; i < 2; i++) {
         fa3c_bwd_params q = p;
-        if (i == 0) {   // v, out, dout, dv of 64 columns under q, k of 128: CPU backends only so far
-            q.problem.headdim_v = 64;
+        if (i == 0) {   // v, out, dout, dv of 264 columns under q, k of 128: above 256, CPU backends only so far
+            q.problem.headdim_v = 264;
             fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
-            for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 64);
+            for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 264);
         } else {   // queries used per sequence: the forward takes them, the backward not yet (a device array)
             q.problem.seqused_q = (const int32_t *)lse;
         }

@@ -684,6 +684,81 @@ TEST(fwd_hdim96_and_192) {
     run_case("hdim192 fp16", base_case(FP16, 1, 257, 257, 2, 192));
 }
 
+// A value head dim of its own (problem.headdim_v; MLA prefill: q, k 192 with
+// v 128), on the kernel of the wider head dim: v's extra columns read as
+// zeros, out holds v's columns only (guards around it). Against the float64
+// reference with the naive low-precision one as the scale, both from the CPU.
+static void run_headdim_v_case(const char *label, fa3c_dtype dt, int B, int SQ, int SK, int HQ, int HK, int D,
+                               int DV, int causal, int num_splits) {
+    printf("[%s] %s b=%d sq=%d sk=%d hq=%d hkv=%d d=%d dv=%d causal=%d splits=%d\n", label, tu_dtype_name(dt), B, SQ,
+           SK, HQ, HK, D, DV, causal, num_splits);
+    const size_t es = tu_dtype_size(dt);
+    const int64_t nq = (int64_t)B * SQ * HQ * D, nk = (int64_t)B * SK * HK * D, nv = (int64_t)B * SK * HK * DV;
+    const int64_t no = (int64_t)B * SQ * HQ * DV, nl = (int64_t)B * HQ * SQ;
+    void *hq = tu_alloc(nq * es), *hk = tu_alloc(nk * es), *hv = tu_alloc(nv * es);
+    tu_fill_normal(hq, dt, nq, 1.f);
+    tu_fill_normal(hk, dt, nk, 1.f);
+    tu_fill_normal(hv, dt, nv, 1.f);
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    tu_problem_shape(&p.problem, dt, B, SQ, SK, HQ, HK, D);
+    p.problem.headdim_v = DV;
+    p.problem.causal = causal;
+    p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
+    p.num_splits = num_splits;
+    p.q = tu_tensor(hq, B, SQ, HQ, D), p.k = tu_tensor(hk, B, SK, HK, D), p.v = tu_tensor(hv, B, SK, HK, DV);
+    p.out = tu_tensor(NULL, B, SQ, HQ, DV);
+    float *fq = (float *)tu_alloc(nq * 4), *fk = (float *)tu_alloc(nk * 4), *fv = (float *)tu_alloc(nv * 4);
+    for (int64_t i = 0; i < nq; i++) fq[i] = tu_load(hq, dt, i);
+    for (int64_t i = 0; i < nk; i++) fk[i] = tu_load(hk, dt, i);
+    for (int64_t i = 0; i < nv; i++) fv[i] = tu_load(hv, dt, i);
+    float *ref = (float *)tu_alloc(no * 4), *ref_lse = (float *)tu_alloc(nl * 4);
+    fa3c_fwd_params r = p;
+    r.problem.dtype = FA3C_DTYPE_FP32;
+    r.q.data = fq, r.k.data = fk, r.v.data = fv, r.out.data = ref, r.lse = ref_lse;
+    r.backend = FA3C_BACKEND_CPU_REFERENCE;
+    CHECK(fa3c_fwd(&r, NULL) == FA3C_STATUS_OK, "reference: %s", fa3c_last_error());
+    void *lowp = tu_alloc(no * es);
+    fa3c_fwd_params lp = p;
+    lp.out.data = lowp;
+    CHECK(fa3c_cpu_fwd_reference_lowp(&lp) == FA3C_STATUS_OK, "lowp reference: %s", fa3c_last_error());
+    const int64_t guard = 4096;
+    void *dq = to_device(hq, nq * es), *dk = to_device(hk, nk * es), *dv = to_device(hv, nv * es), *dout_alloc = NULL;
+    float *dlse = NULL;
+    CUDA_OK(cudaMalloc(&dout_alloc, (size_t)(no + 2 * guard) * es));
+    CUDA_OK(cudaMalloc((void **)&dlse, (size_t)nl * 4));
+    void *gout[2] = {tu_alloc(no * es), tu_alloc(no * es)};
+    float *glse = (float *)tu_alloc(nl * 4);
+    for (int run = 0; run < 2; run++) {
+        CUDA_OK(cudaMemset(dout_alloc, 0xFF, (size_t)(no + 2 * guard) * es));
+        fa3c_fwd_params g = p;
+        g.q.data = dq, g.k.data = dk, g.v.data = dv, g.out.data = (char *)dout_alloc + guard * es, g.lse = dlse;
+        g.backend = FA3C_BACKEND_CUDA;
+        fa3c_status st = fa3c_fwd(&g, NULL);
+        CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA): %s: %s", fa3c_status_string(st), fa3c_last_error());
+        if (st != FA3C_STATUS_OK) return;
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(gout[run], (char *)dout_alloc + guard * es, (size_t)no * es, cudaMemcpyDeviceToHost));
+        if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, (size_t)nl * 4, cudaMemcpyDeviceToHost));
+    }
+    float *gf = (float *)tu_alloc(no * 4), *lf = (float *)tu_alloc(no * 4);
+    for (int64_t i = 0; i < no; i++) gf[i] = tu_load(gout[0], dt, i), lf[i] = tu_load(lowp, dt, i);
+    check_outputs(dt, gf, lf, ref, no, glse, ref_lse, nl, memcmp(gout[0], gout[1], (size_t)no * es) == 0,
+                  guards_written(dout_alloc, guard, no, es));
+    cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout_alloc), cudaFree(dlse);
+    free(hq), free(hk), free(hv), free(fq), free(fk), free(fv), free(ref), free(ref_lse), free(lowp);
+    free(gout[0]), free(gout[1]), free(glse), free(gf), free(lf);
+}
+
+TEST(fwd_headdim_v) {
+    REQUIRE_SM90();
+    run_headdim_v_case("MLA prefill 192/128 causal", BF16, 2, 300, 300, 4, 4, 192, 128, 1, 1);
+    run_headdim_v_case("MLA prefill 192/128 gqa, 3 splits", BF16, 1, 77, 500, 8, 2, 192, 128, 0, 3);
+    run_headdim_v_case("128/192 fp16 (v wider)", FP16, 1, 129, 257, 2, 2, 128, 192, 1, 1);
+    run_headdim_v_case("64/40 decode gqa 8, auto splits", BF16, 2, 1, 1000, 16, 2, 64, 40, 0, 0);
+    run_headdim_v_case("256/64", BF16, 1, 200, 200, 2, 1, 256, 64, 0, 1);
+}
+
 // GQA packing (fwd_host.c: the query heads of a KV head share a tile when
 // seqlen_q is short): the 5-D Q box, row -> (query, head) in the mask and
 // the epilogue, and a consumer warpgroup with no real rows (idle).
@@ -1428,11 +1503,11 @@ TEST(fwd_not_supported_is_reported) {
         x.problem.dtype = FA3C_DTYPE_BF16;
         expect_not_supported("sinks (FA3C_CUDA_SINKS 0)", x, "FA3C_CUDA_SINKS");
     }
-    x = p;   // a value head dim other than headdim: CPU backends only so far
-    x.problem.headdim_v = 64;
-    x.v = tu_tensor(buf, B, S, H, 64);
-    x.out = tu_tensor(NULL, B, S, H, 64);
-    expect_not_supported("headdim_v", x, "headdim_v");
+    x = p;   // a value head dim above 256 (absorbed MLA decode's 512): CPU backends only so far
+    x.problem.headdim_v = 264;
+    x.v = tu_tensor(buf, B, S, H, 264);
+    x.out = tu_tensor(NULL, B, S, H, 264);
+    expect_not_supported("headdim_v 264", x, "headdim_v");
     x = p;   // queries used per sequence: not on the fp8 kernel yet (a device array, past the tensors)
     x.problem.dtype = FA3C_DTYPE_E4M3;
     x.problem.seqused_q = (const int32_t *)((char *)buf + (size_t)B * S * 3 * H * D * 2);

@@ -38,7 +38,8 @@ static const bwd_instance bwd_instances[] = {
 
 static const bwd_instance *find_bwd(const fa3c_problem *pr) {
     for (size_t i = 0; bwd_instances[i].launch; i++)
-        if (bwd_instances[i].dtype == pr->dtype && bwd_instances[i].headdim == FA3C_BWD_KERNEL_HEADDIM(pr->headdim))
+        if (bwd_instances[i].dtype == pr->dtype &&
+            bwd_instances[i].headdim == FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)))
             return &bwd_instances[i];
     return NULL;
 }
@@ -70,20 +71,20 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
                           "per sequence yet (the forward does; the CPU backends do both)");
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
-    if (!FA3C_BWD_HEADDIM_OK(pr->headdim))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d is not supported (multiples of 8 up to 256)",
-                          pr->headdim);
+    if (!FA3C_BWD_HEADDIM_OK(fa3c_headdim_max(pr)))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: headdim %d / headdim_v %d is not supported "
+                          "(multiples of 8 up to 256)", pr->headdim, fa3c_headdim_v(pr));
     if (!find_bwd(pr))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: no kernel for %s headdim %d in this build "
                           "(see FA3C_INSTANCES)", pr->dtype == FA3C_DTYPE_FP16 ? "fp16" : "bf16",
-                          FA3C_BWD_KERNEL_HEADDIM(pr->headdim));
+                          FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)));
     if ((pr->cu_seqlens_q && (int64_t)pr->batch * pr->seqlen_q > INT32_MAX) ||
         (pr->cu_seqlens_k && (int64_t)pr->batch * pr->seqlen_k > INT32_MAX))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: packed sequences (cu_seqlens) of batch x seqlen "
                           ">= 2^31 tokens");
     if (pr->batch > 65535 || pr->heads_q > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: batch and heads must be at most 65535");
-    const int block_n = FA3C_BWD_BLOCK_N(FA3C_BWD_KERNEL_HEADDIM(pr->headdim));
+    const int block_n = FA3C_BWD_BLOCK_N(FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)));
     if ((int64_t)((pr->seqlen_k + block_n - 1) / block_n) * pr->heads_kv * pr->batch > INT32_MAX)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: key blocks of %d x heads_kv x batch must be "
                           "below 2^31 (one CTA each)", block_n);
@@ -104,15 +105,18 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
 static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int block_m,
                                       int rows_pad) {
     const fa3c_problem *pr = &p->problem;
-    const int d = pr->headdim, block_n = FA3C_BWD_BLOCK_N(FA3C_BWD_KERNEL_HEADDIM(d));
+    /* The kernel spans the wider head dim (kernel_d); each map keeps its tensor's
+     * own columns (q, k: d; v, dout: dv), so TMA fills the rest with zeros. */
+    const int d = pr->headdim, dv = fa3c_headdim_v(pr), kernel_d = FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr));
+    const int block_n = FA3C_BWD_BLOCK_N(kernel_d);
     fa3c_status s;
     memset(k, 0, sizeof *k);
     int q_outer, q_rows, k_outer, k_rows;
     fa3c_tensor_map_extents(pr, &q_outer, &q_rows, &k_outer, &k_rows);   /* no pages here */
     if ((s = fa3c_tensor_map_rows(&k->q_map, "q", &p->q, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
-        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, d, 64, block_m)) ||
+        (s = fa3c_tensor_map_rows(&k->do_map, "dout", &p->dout, 2, q_outer, q_rows, pr->heads_q, dv, 64, block_m)) ||
         (s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, k_outer, k_rows, pr->heads_kv, d, 64, block_n)) ||
-        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, d, 64, block_n)))
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, k_outer, k_rows, pr->heads_kv, dv, 64, block_n)))
         return s;
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;
@@ -123,6 +127,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->heads_q = pr->heads_q;
     k->heads_kv = pr->heads_kv;
     k->headdim = d;
+    k->headdim_v = dv;
     k->block_n = block_n;
     k->num_n_blocks = (pr->seqlen_k + block_n - 1) / block_n;
     k->section = 1;   /* each (K/V head, batch) pair's key blocks in turn (bwd_params.h) */
@@ -145,7 +150,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
     const int d = pr->headdim, fp16 = pr->dtype == FA3C_DTYPE_FP16;
-    const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(d), block_m = FA3C_BWD_BLOCK_M(kernel_d);
+    const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)), block_m = FA3C_BWD_BLOCK_M(kernel_d);
     const int rows_pad = (pr->seqlen_q + block_m - 1) / block_m * block_m;
     fa3c_bwd_kernel_params k;
     if ((s = fill_kernel_params(&k, p, block_m, rows_pad)) != FA3C_STATUS_OK) return s;
@@ -202,6 +207,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     prep.seqlen_q = pr->seqlen_q;
     prep.heads_q = pr->heads_q;
     prep.headdim = d;
+    prep.headdim_v = fa3c_headdim_v(pr);
     prep.accum_cols = kernel_d;
     prep.rows_pad = rows_pad;
     prep.block_m = block_m;

@@ -21,7 +21,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     // that shape the work: a build that splits them would hang or write past dk.
     if (p->num_m_blocks * FA3C_BWD_BLOCK_M(D) != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
         p->num_n_blocks != (p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D) || p->section < 1 ||
-        FA3C_BWD_KERNEL_HEADDIM(p->headdim) != D)
+        FA3C_BWD_KERNEL_HEADDIM(p->headdim > p->headdim_v ? p->headdim : p->headdim_v) != D)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d): the host planned %d-row query blocks "
                           "and %d-key CTAs of head dim %d; this kernel was built for %d rows and %d keys (FA3C_BWD_* "
                           "knobs differ between the C and CUDA flags)", D,

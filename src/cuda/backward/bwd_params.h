@@ -76,6 +76,7 @@ typedef struct fa3c_bwd_kernel_params {
      * the L2 under a causal mask (FA3's LPT order) measured no faster (bench/RESULTS.md run
      * 119; the host's choice of them is at commit 29fb44d, FA3C_BWD_LPT). */
     int num_n_blocks, section;
+    int headdim_v;             /* v's, dout's and dv's columns (problem.headdim_v); the kernel spans the wider */
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has
@@ -99,6 +100,7 @@ typedef struct fa3c_bwd_prep_params {
     float softmax_scale;
     const float *sinks;        /* problem.sinks and their gradient's output (fa3c_bwd_dsinks); NULL = none */
     float *dsinks;
+    int headdim_v;             /* out's and dout's columns (dsum's sum) */
 } fa3c_bwd_prep_params;
 
 #ifdef __CUDACC__

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_p
     if (q >= 0) {
         const int64_t o = row_offset(p, p.out_stride, batch, s.tok, q, head);
         const int64_t g = row_offset(p, p.dout_stride, batch, s.tok, q, head);
-        for (int c = 8 * lane; c < p.headdim; c += 8 * PREP_LANES) {
+        for (int c = 8 * lane; c < p.headdim_v; c += 8 * PREP_LANES) {
             float x[8], y[8];
             load8<FP16, VEC>(p.out, o + c, x);
             load8<FP16, VEC>(p.dout, g + c, y);

@@ -425,7 +425,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
     store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored,
                             p.headdim);
-    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored, p.headdim);
+    store_key_rows<D, FP16>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored, p.headdim_v);
 }
 
 // ---- the kernel --------------------------------------------------------------------

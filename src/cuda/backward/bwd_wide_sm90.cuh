@@ -492,7 +492,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
     store_key_columns<D, FP16, WG>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
                                    sk_stored, p.headdim);
     store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
-                                   p.headdim);
+                                   p.headdim_v);
 }
 
 template <int D, int FP16, int WG>

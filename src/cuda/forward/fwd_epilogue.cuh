@@ -134,8 +134,8 @@ FA3C_DEVICE void store_tile_tma(const fa3c_fwd_kernel_params &p, const uint32_t 
     trace(consumer_index, ring, TR_EPI_STAGED);
     if (tid == 0) {
 #pragma unroll
-        for (int b = 0; b < D / 64; b++)
-            tma_store_5d(&p.o_map, stage + b * (64 * 128), b * 64, 0, query0, group, batch);
+        for (int b = 0; b < D / 64; b++)   // boxes wholly past out's columns (headdim_v < D) are not issued
+            if (b * 64 < p.out_cols) tma_store_5d(&p.o_map, stage + b * (64 * 128), b * 64, 0, query0, group, batch);
         tma_store_commit();
     }
 }

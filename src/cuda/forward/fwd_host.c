@@ -56,7 +56,7 @@ static fa3c_fwd_plan_facts device_facts(void) {
 }
 
 /* The head dim of the kernels a call runs on: the smallest this build has for
- * the dtype that is at least the call's (0: none). A narrower head dim runs
+ * the dtype that is at least the call's (the wider of headdim and headdim_v; 0: none). A narrower head dim runs
  * padded: TMA reads the columns past the tensors' as zeros (they add nothing
  * to the scores or the output) and the stores write the tensors' columns
  * only (fwd_params.h, out_cols). */
@@ -64,7 +64,7 @@ static int kernel_headdim(const fa3c_problem *pr) {
     int best = 0;
     for (size_t i = 0; fwd_instances[i].launch; i++) {
         const int d = fwd_instances[i].headdim;
-        if (fwd_instances[i].dtype == pr->dtype && d >= pr->headdim && (best == 0 || d < best)) best = d;
+        if (fwd_instances[i].dtype == pr->dtype && d >= fa3c_headdim_max(pr) && (best == 0 || d < best)) best = d;
     }
     return best;
 }
@@ -165,9 +165,13 @@ fa3c_status fa3c_cuda_problem_features_supported(const fa3c_problem *pr) {
     if (pr->seqused_q && pr->dtype == FA3C_DTYPE_E4M3)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA fp8 (e4m3) forward does not take "
                           "queries used per sequence yet (bf16 and fp16 do; the CPU backends take every dtype)");
-    if (pr->headdim_v && pr->headdim_v != pr->headdim)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: a value head dim (%d) other than headdim "
-                          "(%d) runs on the CPU backends only so far", pr->headdim_v, pr->headdim);
+    /* A value head dim of its own runs on the kernel of the wider one (the narrower
+     * one's columns zero-filled and never stored, as any padded head dim). */
+    if (fa3c_headdim_v(pr) != pr->headdim && (fa3c_headdim_v(pr) > 256 || pr->dtype == FA3C_DTYPE_E4M3))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.headdim_v: the CUDA backend takes a value head dim "
+                          "other than headdim (%d) up to 256 in bf16 / fp16 (got %d%s); the CPU backends take "
+                          "up to 512", pr->headdim, fa3c_headdim_v(pr),
+                          pr->dtype == FA3C_DTYPE_E4M3 ? " in e4m3" : "");
     return FA3C_STATUS_OK;
 }
 
@@ -248,14 +252,14 @@ static fa3c_status plan_fwd(const fa3c_fwd_params *p, const fwd_instance *inst, 
     int kv_box = pr->page_table ? k->page_rows : block_n / k->cluster;
     if ((s = fa3c_tensor_map_rows(&k->k_map, "k", &p->k, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
                                   kv_box)) ||
-        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, pr->headdim, cols,
-                                  kv_box)))
+        (s = fa3c_tensor_map_rows(&k->v_map, "v", &p->v, 2, kv_outer, kv_rows, pr->heads_kv, fa3c_headdim_v(pr),
+                                  cols, kv_box)))
         return s;
     k->out = p->out.data;
     k->out_stride[0] = p->out.stride[0];
     k->out_stride[1] = p->out.stride[1];
     k->out_stride[2] = p->out.stride[2];
-    k->out_vec16 = kd == pr->headdim && (uintptr_t)p->out.data % 16 == 0 &&
+    k->out_vec16 = kd == fa3c_headdim_v(pr) && (uintptr_t)p->out.data % 16 == 0 &&
                    (pr->cu_seqlens_q || p->out.stride[0] % 8 == 0) && p->out.stride[1] % 8 == 0 &&
                    p->out.stride[2] % 8 == 0;
     k->lse = p->lse;
@@ -263,10 +267,10 @@ static fa3c_status plan_fwd(const fa3c_fwd_params *p, const fwd_instance *inst, 
     /* O through TMA stores (instances with smem for it, fwd_epilogue.cuh): one box
      * is one consumer's 64 rows, so the group must divide 64; split-KV writes
      * fp32 partials instead. Strides TMA can't take: stores from registers. */
-    k->out_cols = pr->headdim;
+    k->out_cols = fa3c_headdim_v(pr);   /* out's columns: v's */
     k->out_tma = k->num_splits == 1 && kd % 64 == 0 && 64 % k->pack == 0 &&
                  fa3c_tensor_map_groups(&k->o_map, "out", &p->out, q_outer, q_rows, pr->heads_q, k->pack,
-                                        pr->headdim, 64, 64) == FA3C_STATUS_OK;
+                                        fa3c_headdim_v(pr), 64, 64) == FA3C_STATUS_OK;
     k->softcap = pr->softcap;   /* 0 = off (validated >= 0) */
     fa3c_score_log2_factors(pr, &k->score_log2, &k->softcap_pre);
     return FA3C_STATUS_OK;
