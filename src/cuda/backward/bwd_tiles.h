@@ -118,6 +118,14 @@
 #define FA3C_BWD_WIDE_P_UNDER_DP 1
 #endif
 
+/* The wide kernel's 80-key form: dKᵀ's GEMM issued before dQ's second half
+ * (1), so that the tensor pipe has work while the first half's reductions
+ * still read the registers the second half writes; 0: dQ's second half
+ * first, dKᵀ under its reductions. */
+#ifndef FA3C_BWD_WIDE_DK_FIRST
+#define FA3C_BWD_WIDE_DK_FIRST 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
