@@ -2,7 +2,7 @@
  * (median of repeats after warm-up, random inputs). No torch needed: this is
  * the quick number; bench/bench.py measures the peers in the same process.
  *
- *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode [--page-size P]...] [--seqused] [--csv FILE]
+ *   bench_fwd_gpu [--quick] [--hdim D]... [--seqlen S]... [--decode [--page-size P]...] [--seqused] [--causal C] [--csv FILE]
  * Head dims 64, 128, 256 by default; --hdim (repeatable) picks others (96, 192 too);
  * --seqlen (repeatable) replaces the grid's sequence lengths (batch = 16384 / S, rounded down).
  * Grid: total tokens 16384 (batch = 16384 / seqlen), heads = 2048 / hdim.
@@ -18,7 +18,8 @@
  * --backward: fa3c_bwd instead, on the same grid (bf16; TFLOPS count 2.5x the forward's FLOPs,
  * as PEERS.md does); needs a build whose CUDA backward is on (-DFA3C_CUDA_BWD=ON).
  * --fp8: the e4m3 forward instead (hdim 128 and 256, non-causal and causal; descales 1); needs
- * -DFA3C_CUDA_FP8=ON. Both say what the build refused, shape by shape, when it is off. */
+ * -DFA3C_CUDA_FP8=ON. Both say what the build refused, shape by shape, when it is off.
+ * --causal C (0 or 1): only that mask (a profiler's first launch is then the shape wanted). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -218,7 +219,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_siz
 
 int main(int argc, char **argv) {
     int quick = 0, decode = 0, seqused = 0, page_sizes[4] = {0}, npages = 0, picked[5] = {0}, npicked = 0;
-    int backward = 0, fp8 = 0;
+    int backward = 0, fp8 = 0, only_causal = -1;
     int own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
@@ -234,10 +235,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--backward")) backward = 1;
         else if (!strcmp(argv[i], "--fp8")) fp8 = 1;
+        else if (!strcmp(argv[i], "--causal") && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1")))
+            only_causal = atoi(argv[++i]);
         else {
             fprintf(stderr,
                     "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]...] [--seqused] "
-                    "[--backward | --fp8] [--csv FILE]\n",
+                    "[--backward | --fp8] [--causal 0|1] [--csv FILE]\n",
                     argv[0]);
             return 2;
         }
@@ -322,7 +325,7 @@ int main(int argc, char **argv) {
         for (int j = 0; j < npicked; j++) wanted |= picked[j] == d;
         if (!wanted) continue;
         for (int causal = 0; causal < 2; causal++)
-            for (int si = 0; si < nseq; si++) {
+            for (int si = 0; si < nseq && (only_causal < 0 || only_causal == causal); si++) {
                 int s = seqlens[si], b = 16384 / s, heads = 2048 / d;
                 fa3c_fwd_params p;
                 fa3c_fwd_params_init(&p);
