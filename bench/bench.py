@@ -79,8 +79,8 @@ def make_shapes(args):
     out = []
     if args.device == "cpu":  # smoke test of this script, no GPU needed
         for s in (64, 128):
-            out.append(shape("grid", 1, s, s, 2, 2, 64, False))
-            out.append(shape("grid", 1, s, s, 2, 2, 64, True))
+            out.append(shape("grid", 1, s, s, 2, 2, 64, False, dtype=args.dtype))
+            out.append(shape("grid", 1, s, s, 2, 2, 64, True, dtype=args.dtype))
         out.append(shape("decode", 2, 1, 256, 4, 2, 64, False, bwd=False))
         return out
     if args.quick:
@@ -92,11 +92,12 @@ def make_shapes(args):
     for d, c, s in grid:
         if d not in args.hdims or s not in args.seqlens:
             continue
-        out.append(shape("grid", 16384 // s, s, s, 2048 // d, 2048 // d, d, c,
+        out.append(shape("grid", 16384 // s, s, s, 2048 // d, 2048 // d, d, c, dtype=args.dtype,
                          flex=(s in flex_seqlens and not args.quick)))
     if not args.no_gqa:
         for c in ((True,) if args.quick else (False, True)):
-            out.append(shape("gqa", 4, 4096, 4096, 32, 8, 128, c, flex=args.flex != "none" and not args.quick))
+            out.append(shape("gqa", 4, 4096, 4096, 32, 8, 128, c, dtype=args.dtype,
+                             flex=args.flex != "none" and not args.quick))
     if not args.no_decode:
         dec = [(8, 8192, 32, 8, 128)] if args.quick else [
             (8, 8192, 32, 8, 128), (8, 32768, 32, 8, 128), (1, 131072, 64, 8, 128),
@@ -334,7 +335,7 @@ def classify(e):
 
 def make_inputs(sh, device):
     b, sq, sk, hq, hkv, d = (sh[n] for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "hdim"))
-    dt = torch.bfloat16
+    dt = torch.float16 if sh["dtype"] == "fp16" else torch.bfloat16   # fp8: made from bf16
     q = torch.randn(b, sq, hq, d, device=device, dtype=dt)
     k = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
     v = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
@@ -360,7 +361,7 @@ def run_shape(sh, impls, timer, log, deadline):
 
     # reference: the first SDPA backend that runs this shape (on dequantized inputs for fp8)
     ref_name, ref_out, ref_grads = None, None, None
-    ref_sh = dict(sh, dtype="bf16")
+    ref_sh = dict(sh, dtype="bf16") if sh["dtype"] == "fp8" else sh
     ref_inp = dict(inp, q=inp["deq"][0], k=inp["deq"][1], v=inp["deq"][2]) if inp["deq"] else inp
     for name in REF_ORDER:
         try:
@@ -399,10 +400,11 @@ def run_shape(sh, impls, timer, log, deadline):
                     continue
             else:
                 err = rel = None   # no reference ran for this shape: time it, but say so
-            with r.ctx():
-                ms = timer(r.fwd)
-            row(name, "fwd", "ok" if ref_out is not None else "unchecked", ms=ms, tflops=sh["flops"] / ms / 1e9, gbps=sh["bytes"] / ms / 1e6,
-                max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
+            if sh.get("time_fwd", True):   # --no-fwd: checked above (the backward needs it), not timed
+                with r.ctx():
+                    ms = timer(r.fwd)
+                row(name, "fwd", "ok" if ref_out is not None else "unchecked", ms=ms, tflops=sh["flops"] / ms / 1e9,
+                    gbps=sh["bytes"] / ms / 1e6, max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
         except Exception as e:
             st, msg = classify(e)
             row(name, "fwd", st, note=msg[:300])
@@ -500,10 +502,11 @@ def markdown(results, impls, targets=None):
         env["gpu"], env["torch"], env["cudnn"], env["fa3c"], env["fa3c_library"], env["fa3"] or "not available"))
     lines.append("Cells: TFLOPS (ratio to cuDNN in this run); decode: GB/s (ratio). fa3c = C ABI call, "
                  "fa3c_torch = fa3c.flash_attn_func via the torch custom op.")
-    titles = [("grid", "fwd", "Forward, bf16, 16k tokens, hidden 2048", "tflops"),
-              ("grid", "bwd", "Backward, bf16, 16k tokens, hidden 2048", "tflops"),
-              ("gqa", "fwd", "GQA prefill forward (32 q heads / 8 kv heads)", "tflops"),
-              ("gqa", "bwd", "GQA prefill backward", "tflops"),
+    dt = next((r["shape"]["dtype"] for r in results["rows"] if r["shape"]["kind"] in ("grid", "gqa")), "bf16")
+    titles = [("grid", "fwd", "Forward, %s, 16k tokens, hidden 2048" % dt, "tflops"),
+              ("grid", "bwd", "Backward, %s, 16k tokens, hidden 2048" % dt, "tflops"),
+              ("gqa", "fwd", "GQA prefill forward, %s (32 q heads / 8 kv heads)" % dt, "tflops"),
+              ("gqa", "bwd", "GQA prefill backward, %s" % dt, "tflops"),
               ("decode", "fwd", "Decode (seqlen_q 1), GB/s of q, k, v, out", "gbps"),
               ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
     for kind, direction, title, metric in titles:
@@ -619,7 +622,11 @@ def main():
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--flex", choices=("none", "some", "all"), default="some",
                     help="FlexAttention shapes: none, some (seqlen 8k + GQA; default), all")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
+                    help="of the grid and GQA shapes (fp8 shapes stay e4m3; decode stays bf16)")
     ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--no-fwd", action="store_true",
+                    help="time only the backward of the grid and GQA shapes (the forward still runs once)")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-gqa", action="store_true")
     ap.add_argument("--no-fp8", action="store_true")
@@ -679,9 +686,13 @@ def main():
             flush=True)
 
     shapes = make_shapes(args)
+    if args.no_bwd and args.no_fwd:
+        ap.error("--no-bwd and --no-fwd leave nothing to time")
     if args.no_bwd:
         for sh in shapes:
             sh["bwd"] = False
+    if args.no_fwd:
+        shapes = [dict(sh, time_fwd=False) for sh in shapes if sh["bwd"]]
     timer = Timer(args.device, args.quick)
     path_json = os.path.join(args.out, "results.json")
     for sh in shapes:

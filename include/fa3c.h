@@ -65,7 +65,9 @@ typedef enum fa3c_backend {
  * Variable length (cu_seqlens set): rows of sequence b start at token
  * cu_seqlens[b]; stride[0] is ignored and stride[1] steps over tokens.
  * Paged KV (page_table set): k and v are (num_pages, page_size, heads_kv,
- * headdim), stride[0] steps over pages. */
+ * headdim), stride[0] steps over pages. data is never NULL, even where a
+ * packed batch holds no tokens (TMA needs a real address; any 16-byte
+ * aligned allocation does). */
 typedef struct fa3c_tensor {
     void *data;
     int64_t stride[4];
