@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 5
+#define FA3C_VERSION_MINOR 6
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -151,6 +151,12 @@ typedef struct fa3c_fwd_params {
     const float *q_descale, *k_descale, *v_descale;
     int num_splits;        /* split-KV decoding: 0 = auto, 1 = off, n = at most n splits */
     fa3c_backend backend;
+    /* Optional (data NULL = none): FA3's qv, for absorbed MLA decode (q the
+     * rope part, v the latent that K shares). Shaped as out (heads_q heads,
+     * headdim_v); the scores become softmax_scale · (q·kᵀ + qv·vᵀ), and
+     * softmax_scale 0 means 1/sqrt(headdim + headdim_v). Not with E4M3; the
+     * CPU backends only: the CUDA backend returns NOT_SUPPORTED for now. */
+    fa3c_tensor qv;
 } fa3c_fwd_params;
 
 typedef struct fa3c_bwd_params {

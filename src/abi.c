@@ -26,7 +26,7 @@ static const layout_entry layout[] = {
     SIZE(fa3c_fwd_params), FIELD(fa3c_fwd_params, problem), FIELD(fa3c_fwd_params, q), FIELD(fa3c_fwd_params, k),
     FIELD(fa3c_fwd_params, v), FIELD(fa3c_fwd_params, out), FIELD(fa3c_fwd_params, lse),
     FIELD(fa3c_fwd_params, q_descale), FIELD(fa3c_fwd_params, k_descale), FIELD(fa3c_fwd_params, v_descale),
-    FIELD(fa3c_fwd_params, num_splits), FIELD(fa3c_fwd_params, backend),
+    FIELD(fa3c_fwd_params, num_splits), FIELD(fa3c_fwd_params, backend), FIELD(fa3c_fwd_params, qv),
     SIZE(fa3c_bwd_params), FIELD(fa3c_bwd_params, problem), FIELD(fa3c_bwd_params, q), FIELD(fa3c_bwd_params, k),
     FIELD(fa3c_bwd_params, v), FIELD(fa3c_bwd_params, out), FIELD(fa3c_bwd_params, dout),
     FIELD(fa3c_bwd_params, lse), FIELD(fa3c_bwd_params, dq), FIELD(fa3c_bwd_params, dk), FIELD(fa3c_bwd_params, dv),

@@ -689,11 +689,20 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     c.tensors[1] = (tensor_arg){"k", &p->k, ROWS_K, pr->heads_kv, in, 0, d};
     c.tensors[2] = (tensor_arg){"v", &p->v, ROWS_K, pr->heads_kv, in, 0, dv};
     c.tensors[3] = (tensor_arg){"out", &p->out, ROWS_Q, pr->heads_q, out_size, 1, dv};
+    if (p->qv.data) {
+        if (pr->dtype == FA3C_DTYPE_E4M3)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "qv: not with dtype E4M3 (BF16, FP16, or FP32 on the CPU)");
+        c.tensors[c.ntensors++] = (tensor_arg){"qv", &p->qv, ROWS_Q, pr->heads_q, in, 0, dv};
+    }
     fa3c_backend backend;
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
+    if (p->qv.data && backend == FA3C_BACKEND_CUDA)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "qv: not on the CUDA backend yet (the CPU backends take it)");
 
     out->backend = backend;
-    out->problem.softmax_scale = default_scale(pr);
+    out->problem.softmax_scale = p->qv.data && pr->softmax_scale == 0
+                                     ? (float)(1.0 / sqrt((double)(pr->headdim + dv)))
+                                     : default_scale(pr);
     if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_fwd_supported(out)) != FA3C_STATUS_OK) return s;
     return FA3C_STATUS_OK;
 }

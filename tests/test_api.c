@@ -726,8 +726,8 @@ TEST(version) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", FA3C_VERSION_MAJOR, FA3C_VERSION_MINOR, FA3C_VERSION_PATCH);
     CHECK(strcmp(fa3c_version(), want) == 0, "'%s' vs '%s'", fa3c_version(), want);
-    CHECK(strcmp(fa3c_version(), "0.5.0") == 0, "'%s'", fa3c_version());
-    CHECK(FA3C_VERSION == 500, "%d", FA3C_VERSION);
+    CHECK(strcmp(fa3c_version(), "0.6.0") == 0, "'%s'", fa3c_version());
+    CHECK(FA3C_VERSION == 600, "%d", FA3C_VERSION);
 }
 
 TEST(params_init) {

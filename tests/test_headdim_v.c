@@ -8,7 +8,8 @@
  *     (softmax_scale given explicitly), so out, lse and dv equal the padded
  *     call's, dq and dk its first d columns;
  * for both backends (tiled and float64 reference), fp32 and bf16, causal,
- * GQA and packed sequences; plus the argument checks. */
+ * GQA and packed sequences; plus the argument checks. And qv (absorbed
+ * decode's q·kᵀ + qv·vᵀ) against float64 sums. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -218,6 +219,118 @@ TEST(value_head_dim_larger) {
     /* Absorbed MLA decode's 64 / 512, by slices of v. */
     const vcase sliced[] = {{FA3C_DTYPE_FP32, 64, 512, 0, 0}, {FA3C_DTYPE_FP32, 64, 512, 1, 0}};
     for (size_t i = 0; i < sizeof sliced / sizeof sliced[0]; i++) check_sliced(&sliced[i]);
+}
+
+/* qv (absorbed MLA decode): out and lse against float64 sums written here,
+ * scores scale · (q·kᵀ + qv·vᵀ); the default scale is 1/sqrt(d + dv). */
+typedef struct {
+    fa3c_dtype dt;
+    int d, dv, hq, hk, sq, sk, causal;
+} qvcase;
+
+static void check_qv(const qvcase *c) {
+    const int d = c->d, dv = c->dv, g = c->hq / c->hk;
+    const int64_t nq = (int64_t)B * c->sq * c->hq, nk = (int64_t)B * c->sk * c->hk;
+    const fa3c_dtype dt = c->dt;
+    void *q = alloc_t(dt, nq * d), *qv = alloc_t(dt, nq * dv), *k = alloc_t(dt, nk * d), *v = alloc_t(dt, nk * dv);
+    void *out = alloc_t(dt, nq * dv), *out0 = alloc_t(dt, nq * dv);
+    float *lse = (float *)tu_alloc(sizeof(float) * nq), *lse0 = (float *)tu_alloc(sizeof(float) * nq);
+    double *s = (double *)tu_alloc(sizeof(double) * c->sk);
+    tu_fill_normal(q, dt, nq * d, 1.0f);
+    tu_fill_normal(qv, dt, nq * dv, 1.0f);
+    tu_fill_normal(k, dt, nk * d, 1.0f);
+    tu_fill_normal(v, dt, nk * dv, 1.0f);
+    fa3c_fwd_params f;
+    fa3c_fwd_params_init(&f);
+    tu_problem_shape(&f.problem, dt, B, c->sq, c->sk, c->hq, c->hk, d);
+    f.problem.headdim_v = dv;
+    f.problem.causal = c->causal;
+    f.q = tu_tensor(q, B, c->sq, c->hq, d);
+    f.qv = tu_tensor(qv, B, c->sq, c->hq, dv);
+    f.k = tu_tensor(k, B, c->sk, c->hk, d);
+    f.v = tu_tensor(v, B, c->sk, c->hk, dv);
+    const double scale = 1.0 / sqrt((double)(d + dv));
+    for (fa3c_backend be = FA3C_BACKEND_CPU; be <= FA3C_BACKEND_CPU_REFERENCE; be += 2) {
+        f.backend = be;
+        f.problem.softmax_scale = 0;   /* the default */
+        f.out = tu_tensor(out, B, c->sq, c->hq, dv);
+        f.lse = lse;
+        tu_poison(out, (size_t)nq * dv * tu_dtype_size(dt));
+        tu_poison(lse, sizeof(float) * nq);
+        CHECK(fa3c_fwd(&f, NULL) == FA3C_STATUS_OK, "qv forward: %s", fa3c_last_error());
+        f.problem.softmax_scale = (float)scale;   /* the same, given */
+        f.out = tu_tensor(out0, B, c->sq, c->hq, dv);
+        f.lse = lse0;
+        CHECK(fa3c_fwd(&f, NULL) == FA3C_STATUS_OK, "qv forward, scale given: %s", fa3c_last_error());
+        double e_out = 0, e_lse = 0, same = 1;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < c->hq; h++)
+                for (int i = 0; i < c->sq; i++) {
+                    const int64_t qi = ((int64_t)(b * c->sq + i) * c->hq + h);
+                    const int last = c->causal ? i + c->sk - c->sq : c->sk - 1;   /* bottom-right causal */
+                    double m = -INFINITY, sum = 0;
+                    for (int j = 0; j <= last; j++) {
+                        const int64_t kj = ((int64_t)(b * c->sk + j) * c->hk + h / g);
+                        double x = 0;
+                        for (int e = 0; e < d; e++) x += (double)tu_load(q, dt, qi * d + e) * tu_load(k, dt, kj * d + e);
+                        for (int e = 0; e < dv; e++) x += (double)tu_load(qv, dt, qi * dv + e) * tu_load(v, dt, kj * dv + e);
+                        s[j] = x * scale;
+                        m = fmax(m, s[j]);
+                    }
+                    for (int j = 0; j <= last; j++) sum += exp(s[j] - m);
+                    e_lse = fmax(e_lse, fabs(lse[b * c->hq * c->sq + h * c->sq + i] - (m + log(sum))));
+                    for (int e = 0; e < dv; e++) {
+                        double o = 0;
+                        for (int j = 0; j <= last; j++)
+                            o += exp(s[j] - m) / sum * tu_load(v, dt, ((int64_t)(b * c->sk + j) * c->hk + h / g) * dv + e);
+                        const double got = tu_load(out, dt, qi * dv + e);
+                        e_out = fmax(e_out, got != got ? INFINITY : fabs(got - o));
+                        same = same && tu_load(out0, dt, qi * dv + e) == got;
+                    }
+                }
+        for (int64_t i = 0; i < nq; i++) same = same && lse[i] == lse0[i];
+        const double tol = dt == FA3C_DTYPE_FP32 ? 2e-5 : 3e-2;
+        printf("  %s %s qv d %d dv %d heads %d/%d sq %d sk %d causal %d: out %.3g lse %.3g\n",
+               be == FA3C_BACKEND_CPU ? "CPU" : "CPU reference", tu_dtype_name(dt), d, dv, c->hq, c->hk, c->sq, c->sk,
+               c->causal, e_out, e_lse);
+        CHECK(e_out <= tol && e_lse <= 1e-4, "qv: out off by %.3g, lse by %.3g", e_out, e_lse);
+        CHECK(same, "qv: softmax_scale 0 is not 1/sqrt(d + dv)");
+    }
+    void *all[] = {q, qv, k, v, out, out0, lse, lse0, s};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+TEST(qv_absorbed_decode) {
+    const qvcase cases[] = {{FA3C_DTYPE_FP32, 64, 512, 16, 1, 1, 150, 0}, {FA3C_DTYPE_BF16, 64, 512, 8, 1, 3, 90, 1},
+                            {FA3C_DTYPE_FP16, 32, 64, 4, 2, 20, 40, 1}, {FA3C_DTYPE_FP32, 16, 24, 2, 2, 9, 70, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_qv(&cases[i]);
+}
+
+TEST(qv_is_checked) {
+    uint8_t buf[6 * 64];
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    tu_problem_shape(&p.problem, FA3C_DTYPE_E4M3, 1, 1, 1, 1, 1, 16);
+    p.problem.headdim_v = 32;
+    p.q = tu_tensor(buf, 1, 1, 1, 16);
+    p.k = tu_tensor(buf + 64, 1, 1, 1, 16);
+    p.v = tu_tensor(buf + 128, 1, 1, 1, 32);
+    p.out = tu_tensor(buf + 192, 1, 1, 1, 32);   /* bf16: 64 bytes */
+    p.qv = tu_tensor(buf + 256, 1, 1, 1, 32);
+    p.backend = FA3C_BACKEND_CPU;
+    CHECK(fa3c_fwd_check(&p) == FA3C_STATUS_NOT_SUPPORTED && strstr(fa3c_last_error(), "qv"), "qv with E4M3: %s",
+          fa3c_last_error());
+    p.problem.dtype = FA3C_DTYPE_BF16;   /* 2-byte elements: q 32 bytes, v, out, qv 64 */
+    CHECK(fa3c_fwd_check(&p) == FA3C_STATUS_OK, "qv bf16: %s", fa3c_last_error());
+    p.qv = tu_tensor(buf + 192, 1, 1, 1, 32);   /* out's own address */
+    fa3c_status s = fa3c_fwd_check(&p);
+    CHECK(s == FA3C_STATUS_INVALID_ARGUMENT && strstr(fa3c_last_error(), "qv"), "qv aliasing out: status %d (%s)",
+          (int)s, fa3c_last_error());
+    p.qv = tu_tensor(buf + 258, 1, 1, 1, 32);
+    p.qv.stride[3] = 2;
+    s = fa3c_fwd_check(&p);
+    CHECK(s == FA3C_STATUS_INVALID_ARGUMENT && strstr(fa3c_last_error(), "qv"), "qv with stride 2: status %d (%s)",
+          (int)s, fa3c_last_error());
 }
 
 TEST(headdim_v_is_checked) {

@@ -233,10 +233,11 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
                     max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                     causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None,
                     k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None,
-                    sinks=None, seqused_q=None, leftpad_k=None):
+                    sinks=None, seqused_q=None, leftpad_k=None, qv=None):
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
+    qv = ops.prepare(qv) if qv is not None else None
     dt = ops.dtype_code(q)
-    for name, x in (("k", k), ("v", v)):
+    for name, x in (("k", k), ("v", v)) + ((("qv", qv),) if qv is not None else ()):
         if ops.dtype_code(x) != dt:
             raise bad("q, k and v must have the same dtype (q is %s, %s is %s)"
                       % (ops.dtype_name(q), name, ops.dtype_name(x)))
@@ -248,8 +249,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     pt = ops.int32(page_table, q)
     lay = Layout(ops, q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_k, pt, used_q, pad_k)
     window_size = _check_window(window_size)
-    if softmax_scale is None:
-        softmax_scale = default_scale(lay.headdim)
+    if softmax_scale is None:   # with qv, FA3's 1/sqrt(headdim + headdim_v)
+        softmax_scale = default_scale(lay.headdim + (lay.headdim_v if qv is not None else 0))
 
     descales = []
     for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
@@ -267,6 +268,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
         if ops.shape(out) != out_shape or ops.dtype_code(out) != out_code:
             raise bad("out must have shape %s (q's, with v's head dim) and dtype code %d" % (out_shape, out_code))
     lse = ops.empty(lay.lse_shape(), _lib.DTYPE_FP32, q)
+    if qv is not None and ops.shape(qv) != out_shape:
+        raise bad("qv must have shape %s (q's, with v's head dim; got %s)" % (out_shape, ops.shape(qv)))
 
     p = _lib.FwdParams()
     L = _lib.lib()
@@ -277,13 +280,15 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     p.k = _tensor(ops, k, lay.varlen_k)
     p.v = _tensor(ops, v, lay.varlen_k)
     p.out = _tensor(ops, out, lay.varlen_q)
+    if qv is not None:
+        p.qv = _tensor(ops, qv, lay.varlen_q)
     p.lse = ops.ptr(lse)
     p.q_descale, p.k_descale, p.v_descale = [ops.ptr(d) if d is not None else None for d in descales]
     sinks = _sinks(ops, sinks, lay)
     p.problem.sinks = ops.ptr(sinks) if sinks is not None else None
     p.num_splits = int(num_splits)
     p.backend = backend_code(backend)
-    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks, used_q, pad_k),
+    return Call(L.fa3c_fwd, p, (out, lse), (q, k, v, cu_q, cu_k, used_k, pt, descales, sinks, used_q, pad_k, qv),
                 check_fn=L.fa3c_fwd_check, check_device_fn=L.fa3c_fwd_check_device)
 
 

@@ -122,7 +122,7 @@ def _launch(q):
 def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, num_splits, deterministic, sinks=None, seqused_q=None,
-              leftpad_k=None):
+              leftpad_k=None, qv=None):
     """The forward itself: what the fa3c::fwd op runs, and what eager calls that need no
     gradient run directly (the op's dispatch costs tens of microseconds per call)."""
     backend, stream, guard = _launch(q)
@@ -135,7 +135,7 @@ def _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_desc
             causal=causal, window_size=(window_left, window_right), softcap=softcap,
             q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
             num_splits=num_splits, backend=backend, stream=stream, sinks=sinks, seqused_q=seqused_q,
-            leftpad_k=leftpad_k)
+            leftpad_k=leftpad_k, qv=qv)
 
 
 @torch.library.custom_op("fa3c::fwd", mutates_args=())
@@ -148,17 +148,19 @@ def fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            window_left: int, window_right: int, softcap: float, num_splits: int,
            deterministic: bool, sinks: Optional[torch.Tensor],
            seqused_q: Optional[torch.Tensor] = None,
-           leftpad_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+           leftpad_k: Optional[torch.Tensor] = None,
+           qv: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale,
                      k_descale, v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      window_left, window_right, softcap, num_splits, deterministic, sinks, seqused_q,
-                     leftpad_k)
+                     leftpad_k, qv)
 
 
 @fwd_op.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, q_descale, k_descale,
               v_descale, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, num_splits, deterministic, sinks, seqused_q=None, leftpad_k=None):
+              window_right, softcap, num_splits, deterministic, sinks, seqused_q=None, leftpad_k=None,
+              qv=None):
     out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=_out_dtype(q.dtype))
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
@@ -200,13 +202,14 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 
 
 def _setup_context(ctx, inputs, output):
-    inputs = tuple(inputs) + (None,) * (22 - len(inputs))   # seqused_q, leftpad_k left at their defaults
+    inputs = tuple(inputs) + (None,) * (23 - len(inputs))   # seqused_q, leftpad_k, qv left at their defaults
     (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal, wl, wr,
-     softcap, num_splits, deterministic, sinks, used_q, leftpad_k) = inputs
+     softcap, num_splits, deterministic, sinks, used_q, leftpad_k, qv) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_k, sinks, used_q)
     ctx.paged = page_table is not None
     ctx.leftpad = leftpad_k is not None
+    ctx.qv = qv is not None
     ctx.fp8 = qd is not None or q.dtype == getattr(torch, "float8_e4m3fn", None)
     ctx.args = (msq, msk, scale, causal, wl, wr, softcap, deterministic)
 
@@ -221,10 +224,12 @@ def _backward(ctx, dout, dlse):
         raise NotImplementedError("fa3c: no backward through a left-padded KV cache (cache_leftpad), as in FA3")
     if ctx.fp8:
         raise NotImplementedError("fa3c: float8_e4m3fn attention is forward only")
+    if ctx.qv:
+        raise NotImplementedError("fa3c: no backward through qv (absorbed decode's second query) yet")
     msq, msk, scale, causal, wl, wr, softcap, deterministic = ctx.args
     dq, dk, dv, dsinks = torch.ops.fa3c.bwd(dout, q, k, v, out, lse, cu_q, cu_k, used_k, msq, msk,
                                             scale, causal, wl, wr, softcap, deterministic, sinks, used_q)
-    return (dq, dk, dv) + (None,) * 16 + (dsinks.to(sinks.dtype) if sinks is not None else None, None, None)
+    return (dq, dk, dv) + (None,) * 16 + (dsinks.to(sinks.dtype) if sinks is not None else None, None, None, None)
 
 
 fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -251,13 +256,13 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale, causal,
-                wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k):
+                wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k, qv):
         out, lse = torch.ops.fa3c.fwd(q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk,
                                       scale, causal, wl, wr, softcap, num_splits, deterministic, sinks,
-                                      used_q, leftpad_k)
+                                      used_q, leftpad_k, qv)
         _setup_context(ctx, (q, k, v, cu_q, cu_k, used_k, page_table, qd, kd, vd, msq, msk, scale,
-                             causal, wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k),
-                       (out, lse))
+                             causal, wl, wr, softcap, num_splits, deterministic, sinks, used_q, leftpad_k,
+                             qv), (out, lse))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -270,13 +275,13 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
               max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
               causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None,
               v_descale=None, num_splits=1, deterministic=False, sinks=None, seqused_q=None,
-              leftpad_k=None):
+              leftpad_k=None, qv=None):
     """Differentiable attention through the custom ops. Returns (out, lse). sinks:
     (heads_q,) logits, differentiable. seqused_q: queries used per sequence; out and lse
     rows past them are not written, their dq rows are zeros. leftpad_k: rows of each
-    sequence's KV cache before its first key (forward only)."""
-    if softmax_scale is None:
-        softmax_scale = _core.default_scale(q.shape[-1])
+    sequence's KV cache before its first key (forward only). qv: FA3's, forward only."""
+    if softmax_scale is None:   # with qv, FA3's 1/sqrt(headdim + headdim_v)
+        softmax_scale = _core.default_scale(q.shape[-1] + (v.shape[-1] if qv is not None else 0))
     if cu_seqlens_q is not None and max_seqlen_q is None:
         max_seqlen_q = OPS.max_diff(cu_seqlens_q)
     if cu_seqlens_k is not None and max_seqlen_k is None:
@@ -292,8 +297,9 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=Non
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, qd, kd, vd,
             int(max_seqlen_q or 0), int(max_seqlen_k or 0), float(softmax_scale), bool(causal),
             int(wl), int(wr), float(softcap or 0.0), int(num_splits), bool(deterministic), sinks,
-            seqused_q, leftpad_k)
-    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+            seqused_q, leftpad_k, qv)
+    needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad or (sinks is not None and sinks.requires_grad)
+                  or (qv is not None and qv.requires_grad))
     if torch.is_grad_enabled() and needs_grad:
         return _Attention.apply(*args)
     if torch.compiler.is_compiling():

@@ -56,8 +56,8 @@ def _unsupported(**kw):
             raise NotImplementedError("fa3c: %s=%s is not supported (only %r)" % (name, shown, default))
 
 
-def _common_unsupported(qv, attention_chunk, sm_margin):
-    _unsupported(qv=(qv, None), attention_chunk=(attention_chunk, 0), sm_margin=(sm_margin, 0))
+def _common_unsupported(attention_chunk, sm_margin):
+    _unsupported(attention_chunk=(attention_chunk, 0), sm_margin=(sm_margin, 0))
 
 
 def _array_attention(q, k, v, **kw):
@@ -75,11 +75,14 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     softcap > 0 applies softcap * tanh(score / softcap). pack_gqa is a tuning hint and is
     ignored. Returns out, or (out, softmax_lse) with return_attn_probs=True; softmax_lse is
     float32 (batch, heads, seqlen_q). s_aux (vLLM's name; not in FA3): attention sinks,
-    one float32 logit per query head (heads,), differentiable (CPU, and CUDA in bf16/fp16)."""
-    _common_unsupported(qv, attention_chunk, sm_margin)
+    one float32 logit per query head (heads,), differentiable (CPU, and CUDA in bf16/fp16).
+    qv (batch, seqlen, heads, headdim_v), as FA3's: scores softmax_scale * (q k^T + qv v^T),
+    the default scale then (headdim + headdim_v) ** -0.5 (absorbed MLA decode; CPU backend for
+    now, forward only)."""
+    _common_unsupported(attention_chunk, sm_margin)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
               softcap=softcap, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-              num_splits=num_splits, deterministic=deterministic, sinks=s_aux)
+              num_splits=num_splits, deterministic=deterministic, sinks=s_aux, qv=qv)
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
@@ -99,14 +102,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (heads, total_q). s_aux: attention sinks, as flash_attn_func's. seqused_q / seqused_k:
     (batch,) int32, the queries / keys used per sequence; out and softmax_lse rows past
     seqused_q are not written and their dq is zeros (seqused_q: the CUDA forward takes it, the
-    CUDA backward raises Fa3cError NOT_SUPPORTED with its reason so far)."""
-    _common_unsupported(qv, attention_chunk, sm_margin)
+    CUDA backward raises Fa3cError NOT_SUPPORTED with its reason so far). qv (total_q, heads,
+    headdim_v): as flash_attn_func's."""
+    _common_unsupported(attention_chunk, sm_margin)
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
               max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
               softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits,
-              deterministic=deterministic, sinks=s_aux)
+              deterministic=deterministic, sinks=s_aux, qv=qv)
     if _is_torch(q):
         out, lse = _torch().attention(q, k, v, **kw)
     else:
@@ -172,13 +176,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     are rows [cache_leftpad, cache_seqlens), new keys are still written at cache_seqlens, and
     rotary positions count from the padding (cache_seqlens - cache_leftpad, unless
     rotary_seqlens says otherwise), as in FA3 (CUDA: without a page table or
-    cache_batch_idx). scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
+    cache_batch_idx). qv (q's shape, v_cache's head dim): absorbed MLA decode's second query,
+    as flash_attn_func's. scheduler_metadata (from get_scheduler_metadata) and pack_gqa are tuning hints
     and are ignored. No backward. Returns out, or with return_softmax_lse=True FA3's
     4-tuple (out, softmax_lse, out_accum, softmax_lse_accum): softmax_lse is (batch, heads,
     seqlen_q), or (heads, total_q) with cu_seqlens_q; out_accum and softmax_lse_accum are
     FA3's split-KV partials, which fa3c merges inside the call, so they are always empty
     float32 arrays, as FA3 returns them when it does not split."""
-    _common_unsupported(qv, attention_chunk, sm_margin)
+    _common_unsupported(attention_chunk, sm_margin)
     if (k is None) != (v is None):
         raise _core.bad("give both k and v to append to the cache, or neither")
     rotary = rotary_cos is not None or rotary_sin is not None
@@ -231,6 +236,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
               k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
+    if qv is not None:
+        kw.update(qv=qv)
     if cache_leftpad is not None:
         kw.update(leftpad_k=cache_leftpad)
     if cu_seqlens_q is not None:
@@ -319,7 +326,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     qkv_dtype (FA3's default: torch.bfloat16) and the sizes (headdim_v included: the call
     says whether its backend takes it) are not needed. Arguments fa3c cannot honour in the
     call raise NotImplementedError here already."""
-    _common_unsupported(None, attention_chunk, sm_margin)
+    _common_unsupported(attention_chunk, sm_margin)
     if _is_torch(cache_seqlens):
         torch = sys.modules["torch"]
         return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
@@ -331,14 +338,15 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
-            num_splits=0, backend=None, sinks=None, seqused_q=None, leftpad_k=None):
+            num_splits=0, backend=None, sinks=None, seqused_q=None, leftpad_k=None, qv=None):
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
     "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
     query head in every row's softmax (docs/API.md; CPU, and CUDA in bf16/fp16).
     seqused_q: (batch,) queries used per sequence; out and lse rows past them are not
     written. leftpad_k: (batch,) rows of each sequence's KV cache before its first key
-    (FA3's cache_leftpad; CUDA: bf16/fp16 without a page table)."""
+    (FA3's cache_leftpad; CUDA: bf16/fp16 without a page table). qv: out's shape, the
+    scores becoming softmax_scale * (q k^T + qv v^T) (CPU backends)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(
@@ -347,7 +355,7 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             page_table=page_table, softmax_scale=softmax_scale, causal=causal,
             window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
             v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks,
-            seqused_q=seqused_q, leftpad_k=leftpad_k)
+            seqused_q=seqused_q, leftpad_k=leftpad_k, qv=qv)
         call.finish = finish
         return call.run(stream)
 

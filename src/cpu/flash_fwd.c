@@ -23,12 +23,15 @@ typedef struct {
     fa3c_problem pr; /* with softmax_scale filled in */
     int d, dp, group;
     int dv, dvp;       /* v's and out's head dim (headdim_v), padded */
+    /* With qv the scores' contraction runs over [q, qv]·[k, v]: qk = dp + dv
+     * values (dp + dvp stored per Q row), else d (dp stored). */
+    int qk, qw;
     fa3c_dtype dt, odt;
 } fwd_ctx;
 
 typedef struct {
-    float *Q;  /* [BM][dp]  q · descale · scale */
-    float *Kt; /* [d][BN]   k block, transposed */
+    float *Q;  /* [BM][qw]  q · descale · scale (then qv · scale) */
+    float *Kt; /* [qk][BN]  k block, transposed (then v's) */
     float *V;  /* [BN][dvp] v block */
     float *S;  /* [BM][BN]  scores, then probabilities */
     float *O;  /* [BM][dvp] unnormalised output */
@@ -47,10 +50,10 @@ static void load_kv(const fwd_ctx *c, fwd_ws *w, int b, int hk, int j0, int nk, 
         float *vr = w->V + (int64_t)jj * c->dvp;
         if (jj < nk) {
             load_row_f(w->row, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 1), d, dp, kd);
-            for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = w->row[x];
             load_row_f(vr, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 1), c->dv, c->dvp, vd);
+            for (int x = 0; x < c->qk; x++) w->Kt[(int64_t)x * BN + jj] = x < dp ? w->row[x] : vr[x - dp];
         } else {
-            for (int x = 0; x < d; x++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
+            for (int x = 0; x < c->qk; x++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
             memset(vr, 0, sizeof(float) * c->dvp);
         }
     }
@@ -110,17 +113,22 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
     const float qmul = descale_at(p->q_descale, pr, b, hk) * pr->softmax_scale;
     const float kd = descale_at(p->k_descale, pr, b, hk), vd = descale_at(p->v_descale, pr, b, hk);
     for (int r = 0; r < BM; r++) {
-        if (r < nrows)
-            load_row_f(w->Q + (int64_t)r * dp, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i0 + r, h), d, dp, qmul);
-        else
-            memset(w->Q + (int64_t)r * dp, 0, sizeof(float) * dp);
+        float *qrow = w->Q + (int64_t)r * c->qw;
+        if (r < nrows) {
+            load_row_f(qrow, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i0 + r, h), d, dp, qmul);
+            if (p->qv.data)
+                load_row_f(qrow + dp, p->qv.data, c->dt, fa3c_q_offset(pr, &p->qv, b, i0 + r, h), dv, dvp,
+                           pr->softmax_scale);
+        } else {
+            memset(qrow, 0, sizeof(float) * c->qw);
+        }
     }
     memset(w->O, 0, sizeof(float) * BM * dvp);
 
     for (int j0 = kmin; j0 <= kmax; j0 += BN) {
         const int nk = kmax + 1 - j0 < BN ? kmax + 1 - j0 : BN;
         load_kv(c, w, b, hk, j0, nk, kd, vd);
-        gemm(BM, BN, d, w->Q, dp, w->Kt, BN, w->S, BN, 0, NULL);
+        gemm(BM, BN, c->qk, w->Q, c->qw, w->Kt, BN, w->S, BN, 0, NULL);
         if (cap > 0)
             for (int r = 0; r < nrows; r++)
                 for (int jj = 0; jj < nk; jj++) {
@@ -186,7 +194,9 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p) {
     c.group = c.pr.heads_q / c.pr.heads_kv;
     c.dt = c.pr.dtype;
     c.odt = fa3c_out_dtype(c.dt);
-    if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)c.d));
+    c.qk = p->qv.data ? c.dp + c.dv : c.d;
+    c.qw = p->qv.data ? c.dp + c.dvp : c.dp;
+    if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)(p->qv.data ? c.d + c.dv : c.d)));
 
     /* (batch, first row) of every row block */
     int64_t nblk = 0;
@@ -207,8 +217,8 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p) {
     {
         fwd_ws w;
         const int dp = c.dp, dvp = c.dvp;
-        w.Q = scratch_floats((size_t)BM * dp);
-        w.Kt = scratch_floats((size_t)dp * BN);
+        w.Q = scratch_floats((size_t)BM * c.qw);
+        w.Kt = scratch_floats((size_t)c.qw * BN);
         w.V = scratch_floats((size_t)BN * dvp);
         w.S = scratch_floats((size_t)BM * BN);
         w.O = scratch_floats((size_t)BM * dvp);

@@ -17,6 +17,14 @@ static fa3c_problem prepared(const fa3c_problem *pr) {
     return P;
 }
 
+/* The forward's: with qv the default is 1/sqrt(headdim + headdim_v) (FA3's). */
+static fa3c_problem prepared_fwd(const fa3c_fwd_params *p) {
+    fa3c_problem P = p->problem;
+    if (P.softmax_scale == 0 && p->qv.data)
+        P.softmax_scale = (float)(1.0 / sqrt((double)(P.headdim + fa3c_headdim_v(&P))));
+    return prepared(&P);
+}
+
 static int max_seqlen_k(const fa3c_problem *pr) {
     int m = 0;   /* the keys used, not the declared maximum: with cu_seqlens or seqused_k only a bound */
     for (int b = 0; b < pr->batch; b++) {
@@ -46,7 +54,7 @@ static double dot(const double *a, const double *b, int d) {
 }
 
 fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
-    const fa3c_problem P = prepared(&p->problem);
+    const fa3c_problem P = prepared_fwd(p);
     const fa3c_problem *pr = &P;
     const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, odt = fa3c_out_dtype(dt);
@@ -55,11 +63,11 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
 
 #pragma omp parallel
     {
-        double *q = (double *)malloc(sizeof(double) * (d + dv));
+        double *q = (double *)malloc(sizeof(double) * (d + 2 * dv));
         double *kk = (double *)malloc(sizeof(double) * (size_t)skmax * d);
         double *vv = (double *)malloc(sizeof(double) * (size_t)skmax * dv);
         double *s = (double *)malloc(sizeof(double) * (size_t)skmax);
-        double *acc = q ? q + d : NULL;
+        double *acc = q ? q + d : NULL, *qv = q ? q + d + dv : NULL;
 #pragma omp for schedule(dynamic)
         for (int64_t t = 0; t < ntask; t++) {
             if (!q || !kk || !vv || !s) {
@@ -87,9 +95,11 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
                     continue;
                 }
                 load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, qd);
+                if (p->qv.data) load_row(qv, &p->qv, dt, fa3c_q_offset(pr, &p->qv, b, i, h), dv, 1.0);
                 double m = pr->sinks ? sink : -INFINITY;
                 for (int j = lo; j <= hi; j++) {
-                    s[j - lo] = fa3c_score(pr, dot(q, kk + (int64_t)j * d, d));
+                    const double x = dot(q, kk + (int64_t)j * d, d) + (p->qv.data ? dot(qv, vv + (int64_t)j * dv, dv) : 0);
+                    s[j - lo] = fa3c_score(pr, x);
                     if (s[j - lo] > m) m = s[j - lo];
                 }
                 double sum = pr->sinks ? exp(sink - m) : 0;
@@ -116,7 +126,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
 /* ---- the same math in the input precision (see cpu.h) ------------------- */
 
 fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
-    const fa3c_problem P = prepared(&p->problem);
+    const fa3c_problem P = prepared_fwd(p);
     const fa3c_problem *pr = &P;
     const int d = pr->headdim, dv = fa3c_headdim_v(pr), group = pr->heads_q / pr->heads_kv, skmax = max_seqlen_k(pr);
     const fa3c_dtype dt = pr->dtype, rd = fa3c_out_dtype(dt); /* rd: the precision rounded to */
@@ -126,11 +136,11 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
 
 #pragma omp parallel
     {
-        float *q = (float *)malloc(sizeof(float) * (d + dv));
+        float *q = (float *)malloc(sizeof(float) * (d + 2 * dv));
         float *kk = (float *)malloc(sizeof(float) * (size_t)skmax * d);
         float *vv = (float *)malloc(sizeof(float) * (size_t)skmax * dv);
         float *s = (float *)malloc(sizeof(float) * (size_t)skmax);
-        float *acc = q ? q + d : NULL;
+        float *acc = q ? q + d : NULL, *qv = q ? q + d + dv : NULL;
 #pragma omp for schedule(dynamic)
         for (int64_t t = 0; t < ntask; t++) {
             if (!q || !kk || !vv || !s) {
@@ -161,11 +171,16 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                 const int64_t qo = fa3c_q_offset(pr, &p->q, b, i, h);
                 for (int c = 0; c < d; c++)
                     q[c] = fa3c_round_to(rd, fa3c_round_to(rd, fa3c_load_f(p->q.data, dt, qo + c) * qd) * scale);
+                if (p->qv.data) {
+                    const int64_t qvo = fa3c_q_offset(pr, &p->qv, b, i, h);
+                    for (int c = 0; c < dv; c++) qv[c] = fa3c_round_to(rd, fa3c_load_f(p->qv.data, dt, qvo + c) * scale);
+                }
                 float m = pr->sinks ? sink : -INFINITY;
                 for (int j = lo; j <= hi; j++) {
-                    const float *kr = kk + (int64_t)j * d;
+                    const float *kr = kk + (int64_t)j * d, *vr = vv + (int64_t)j * dv;
                     float x = 0;
                     for (int c = 0; c < d; c++) x += q[c] * kr[c];
+                    for (int c = 0; p->qv.data && c < dv; c++) x += qv[c] * vr[c];
                     x = fa3c_round_to(rd, x);
                     if (cap > 0) x = fa3c_round_to(rd, fa3c_round_to(rd, tanhf(fa3c_round_to(rd, x / cap))) * cap);
                     s[j - lo] = x;

@@ -85,6 +85,66 @@ def test_cuda_refuses_over_256(rng):
         fa3c.flash_attn_func(q, q, v)
 
 
+# ---- qv: absorbed MLA decode's q k^T + qv v^T ------------------------------------------
+# The float64 reference through the identity [q, qv] [k, v]^T = q k^T + qv v^T, at the
+# default scale (headdim + headdim_v) ** -0.5.
+
+def _qv_reference(q, qv, k, v, causal=False):
+    d, dv = q.shape[-1], v.shape[-1]
+    return ref.fwd(np.concatenate([q, qv], -1), np.concatenate([k, v], -1), v, scale=(d + dv) ** -0.5,
+                   causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_qv_numpy(rng, causal):
+    q, qv = randn(rng, (2, 3, 8, 64)), randn(rng, (2, 3, 8, 512))
+    k, v = randn(rng, (2, 70, 1, 64)), randn(rng, (2, 70, 1, 512))
+    out, lse = fa3c.flash_attn_func(q, k, v, qv=qv, causal=causal, return_attn_probs=True)
+    want, want_lse = _qv_reference(q, qv, k, v, causal)
+    assert np.max(np.abs(out - want)) < 1e-5 and np.max(np.abs(lse - want_lse)) < 1e-5
+    with pytest.raises(fa3c.Fa3cError, match="qv must have shape"):
+        fa3c.flash_attn_func(q, k, v, qv=qv[..., :256])
+
+
+def test_qv_kvcache_paged_torch(rng):
+    """Absorbed decode as a serving engine calls it: one query per sequence, a paged latent
+    cache (k the rope part, v the latent), 16 query heads on 1 kv head."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    lens, page = [37, 5], 16
+    q, qv = randn(rng, (2, 1, 16, 64)), randn(rng, (2, 1, 16, 512))
+    kc, vc = randn(rng, (6, page, 1, 64)), randn(rng, (6, page, 1, 512))
+    table = np.array([[4, 0, 2], [1, 5, 3]], dtype=np.int32)
+    t = lambda x: torch.tensor(x)   # noqa: E731
+    out = fa3c.flash_attn_with_kvcache(t(q), t(kc), t(vc), qv=t(qv), cache_seqlens=t(np.int32(lens)),
+                                       page_table=t(table))
+    for b, n in enumerate(lens):
+        rows = np.concatenate([np.arange(page) + page * p for p in table[b]])[:n]
+        k = kc.reshape(-1, 1, 64)[rows][None]
+        v = vc.reshape(-1, 1, 512)[rows][None]
+        want, _ = _qv_reference(q[b:b + 1], qv[b:b + 1], k, v)
+        assert np.max(np.abs(out[b:b + 1].numpy() - want)) < 1e-5, b
+
+
+def test_qv_torch_has_no_backward(rng):
+    torch = pytest.importorskip("torch", reason="torch is not installed (CI installs numpy only)")
+    q, k = (torch.tensor(randn(rng, s), requires_grad=True) for s in ((1, 4, 2, 16), (1, 9, 2, 16)))
+    v, qv = torch.tensor(randn(rng, (1, 9, 2, 32))), torch.tensor(randn(rng, (1, 4, 2, 32)))
+    out = fa3c.flash_attn_func(q, k, v, qv=qv)
+    want, _ = _qv_reference(*(x.detach().numpy() for x in (q, qv, k, v)))
+    assert np.max(np.abs(out.detach().numpy() - want)) < 1e-5
+    with pytest.raises(NotImplementedError, match="qv"):
+        out.sum().backward()
+
+
+def test_qv_cuda_is_not_supported_yet(rng):
+    torch = _gpu_or_skip()
+    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.zeros(1, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(fa3c.Fa3cError, match="qv"):
+        fa3c.flash_attn_func(q, q[:, :1].expand(1, 8, 1, 64).contiguous(), v,
+                             qv=torch.zeros(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16))
+
+
 def test_shapes_are_checked(rng):
     q = randn(rng, (1, 8, 2, 16))
     with pytest.raises(fa3c.Fa3cError, match="same head dim"):

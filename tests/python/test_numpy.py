@@ -336,7 +336,7 @@ def test_bad_shapes_and_types(rng):
         fa3c.flash_attn_func(q, np.concatenate([q, q]), np.concatenate([q, q]))
 
 
-@pytest.mark.parametrize("kw", [dict(qv=np.zeros(1)), dict(attention_chunk=4), dict(sm_margin=8)])
+@pytest.mark.parametrize("kw", [dict(attention_chunk=4), dict(sm_margin=8)])
 def test_unsupported_fa3_arguments(rng, kw):
     q = randn(rng, (1, 8, 2, 16), np.float32)
     with pytest.raises(NotImplementedError, match=list(kw)[0]):
