@@ -138,11 +138,9 @@ def test_qv_torch_has_no_backward(rng):
 
 def test_qv_cuda_is_not_supported_yet(rng):
     torch = _gpu_or_skip()
-    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
-    v = torch.zeros(1, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+    z = lambda *s: torch.zeros(*s, device="cuda", dtype=torch.bfloat16)   # noqa: E731
     with pytest.raises(fa3c.Fa3cError, match="qv"):
-        fa3c.flash_attn_func(q, q[:, :1].expand(1, 8, 1, 64).contiguous(), v,
-                             qv=torch.zeros(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16))
+        fa3c.flash_attn_func(z(1, 1, 8, 64), z(1, 8, 1, 64), z(1, 8, 1, 128), qv=z(1, 1, 8, 128))
 
 
 def test_shapes_are_checked(rng):
