@@ -126,15 +126,6 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
-/* The wide kernel's 80-key form at hdim 256: dKᵀ's two 64-column tiles on
- * either side of dQ's second half (1), so that half's reductions drain
- * under the second tile instead of before the next step's S; 2: the same
- * with the first tile queued before the first half's reductions; 0: both
- * tiles first (FA3C_BWD_WIDE_DK_FIRST). */
-#ifndef FA3C_BWD_WIDE_DK_SPLIT
-#define FA3C_BWD_WIDE_DK_SPLIT 0
-#endif
-
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)

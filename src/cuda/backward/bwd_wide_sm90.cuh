@@ -95,17 +95,15 @@ FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *
 // accᵀ(the warpgroup's head-dim columns x N keys) += X(the Q or dO slot:
 // queries x columns)ᵀ · Y(P or dS: queries x keys), the contraction over the
 // 64 query rows: one 64 x N tile per 64 columns. X is MN-major; Y too as
-// queries x keys, or K-major when TRANSPOSED (a row per key). Tiles
-// [T0, T1) only: T1 = -1 is the last.
-template <int D, int FP16, int WG, int T0 = 0, int T1 = -1>
+// queries x keys, or K-major when TRANSPOSED (a row per key).
+template <int D, int FP16, int WG>
 FA3C_DEVICE void gemm_key_grads(float (*acc)[FA3C_BWD_BLOCK_N(D) / 2], const uint8_t *x, const uint8_t *y) {
     typedef WideShare<D, WG> S;
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D), TRANSPOSED = BwdWideSmem<D>::TRANSPOSED };
-    enum { END = T1 < 0 ? S::KV_TILES : T1 };
     const uint64_t y_desc = TRANSPOSED ? smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128)
                                        : smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
-    for (int t = T0; t < END; t++) {
+    for (int t = 0; t < S::KV_TILES; t++) {
         const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + (S::KV_COL0 / 64 + t) * M * BWD_ROW_BYTES,
                                                    M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
@@ -330,8 +328,6 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
     typedef WideShare<D, WG> S;
     typedef BwdWideSmem<D> Smem;
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
-    // FA3C_BWD_WIDE_DK_SPLIT (bwd_tiles.h): dKᵀ's two tiles around dQ's second half.
-    enum { SPLIT = FA3C_BWD_WIDE_DK_SPLIT != 0 && S::KV_TILES == 2, SPLIT_EARLY = SPLIT && FA3C_BWD_WIDE_DK_SPLIT == 2 };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     float dk[S::KV_TILES][N / 2], dv[S::KV_TILES][N / 2];
 #pragma unroll
@@ -423,13 +419,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             wgmma_commit();
             gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
             wgmma_commit();
-            if constexpr (SPLIT_EARLY) {   // dKᵀ's first tile queued before the first half's reductions
-                gemm_key_grads<D, FP16, WG, 0, 1>(dk, sm.q[s], sm.ds[it % 2]);
-                wgmma_commit();
-                wgmma_wait<2>();
-            } else {
-                wgmma_wait<1>();
-            }
+            wgmma_wait<1>();
             bwd_fence_regs<32>(dq);
             if (sem) {
                 if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
@@ -437,23 +427,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             }
             add_wide_dq_half<D, WG, 0>(tile, dq);
             wgmma_fence();
-            if constexpr (SPLIT) {
-                // dKᵀ's first tile (queued above with SPLIT_EARLY), dQ's second half,
-                // dKᵀ's second tile: the second half's reductions drain under the
-                // second tile instead of before the next step's S (FA3's sliced order).
-                if constexpr (!SPLIT_EARLY) {
-                    gemm_key_grads<D, FP16, WG, 0, 1>(dk, sm.q[s], sm.ds[it % 2]);
-                    wgmma_commit();
-                }
-                gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);
-                wgmma_commit();
-                gemm_key_grads<D, FP16, WG, 1, 2>(dk, sm.q[s], sm.ds[it % 2]);
-                wgmma_commit();
-                wgmma_wait<2>();   // dVᵀ and dKᵀ's first tile are done: dO's slot is free
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&sm.do_empty);
-                wgmma_wait<1>();   // dQ's second half is done; dKᵀ's second tile may run on
-            } else if constexpr (FA3C_BWD_WIDE_DK_FIRST) {
+            if constexpr (FA3C_BWD_WIDE_DK_FIRST) {
                 // dKᵀ before dQ's second half: its accumulators are free, so the pipe
                 // has dVᵀ and dKᵀ while the first half's reductions still read dq's
                 // registers, which the second half's wgmma must wait for (ncu, run 119).
