@@ -126,14 +126,6 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
-/* The wide kernel's 80-key form: dVᵀ's GEMM first, then dQ's first half and
- * dKᵀ, with dO's slot freed once dVᵀ is done (1), so that the next dO (one
- * stage) arrives before the next step's dP; 0: dQ's first half first
- * (FA3C_BWD_WIDE_DK_FIRST's order). */
-#ifndef FA3C_BWD_WIDE_DV_FIRST
-#define FA3C_BWD_WIDE_DV_FIRST 0
-#endif
-
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)

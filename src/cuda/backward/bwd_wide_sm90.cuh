@@ -415,28 +415,11 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             const bool leader = threadIdx.x == 128;
             float dq[32];
             wgmma_fence();
-            if constexpr (FA3C_BWD_WIDE_DV_FIRST) {
-                // dVᵀ first: dO's one slot is freed as soon as it is done, so the
-                // next dO lands before the next step's dP (ncu, run 124: the
-                // consumers waited on do_full); dKᵀ runs under the first half's
-                // reductions.
-                gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
-                wgmma_commit();
-                gemm_wide_dq_half<D, FP16, WG, 0>(dq, sm.ds[it % 2], sm.k);
-                wgmma_commit();
-                gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
-                wgmma_commit();
-                wgmma_wait<2>();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&sm.do_empty);
-                wgmma_wait<1>();
-            } else {
-                gemm_wide_dq_half<D, FP16, WG, 0>(dq, sm.ds[it % 2], sm.k);
-                wgmma_commit();
-                gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
-                wgmma_commit();
-                wgmma_wait<1>();
-            }
+            gemm_wide_dq_half<D, FP16, WG, 0>(dq, sm.ds[it % 2], sm.k);
+            wgmma_commit();
+            gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
+            wgmma_commit();
+            wgmma_wait<1>();
             bwd_fence_regs<32>(dq);
             if (sem) {
                 if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, N));
@@ -444,11 +427,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             }
             add_wide_dq_half<D, WG, 0>(tile, dq);
             wgmma_fence();
-            if constexpr (FA3C_BWD_WIDE_DV_FIRST) {
-                gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);
-                wgmma_commit();
-                wgmma_wait<0>();
-            } else if constexpr (FA3C_BWD_WIDE_DK_FIRST) {
+            if constexpr (FA3C_BWD_WIDE_DK_FIRST) {
                 // dKᵀ before dQ's second half: its accumulators are free, so the pipe
                 // has dVᵀ and dKᵀ while the first half's reductions still read dq's
                 // registers, which the second half's wgmma must wait for (ncu, run 119).
