@@ -1,7 +1,8 @@
-// What the backward kernels share (bwd_sm90.cuh for head dims 64-128,
-// bwd_wide_sm90.cuh for 192 and 256): the CTA's sequence and its walk of
-// query blocks, the producer, dQ's tile-order accumulator, and the zeroed
-// rows of K and V outside the keys used. The host-device index functions
+// What every role of both backward kernels shares (bwd_sm90.cuh for head
+// dims 64-128, bwd_wide_sm90.cuh for 192 and 256): the CTA's sequence, its
+// walk of query blocks and its set-up, and the zeroed rows of K and V
+// outside the keys used. The roles' own pieces: bwd_producer.cuh (the
+// loads), bwd_dq.cuh (dQ's accumulator and its writer). The host-device index functions
 // are checked against brute force on the CPU (tests/gpu/cpu_kernel_math.cu).
 #pragma once
 #include <limits.h>
@@ -95,116 +96,6 @@ FA3C_HOST_DEVICE int bwd_walk_block(int it, int m_begin, int m_end, int m_first)
 // shared load that ptxas can neither hoist nor keep in a register).
 #define BWD_SEQ(sm, field) ld_shared_s32(smem_addr(&(sm).seq.field))
 
-// ---- producer ----------------------------------------------------------------------
-
-// A tile of `rows` rows at row0 of (head, batch), as D / 64 boxes.
-template <int D>
-FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int rows, int row0, int head,
-                               int batch) {
-#pragma unroll
-    for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * rows * BWD_ROW_BYTES, map, bar, c * 64, row0, head, batch);
-}
-
-// The producer thread: K and V once, then Q, dO, LSE and dsum of each step
-// into the ring (Smem: either kernel's layout, with these member names).
-// With Smem::SPLIT_DO (hdim 256's 80-key CTAs) dO has a ring of its own,
-// one slot (do_full, do_empty), freed once dVᵀ has read it, before Q's.
-template <int D, class Smem>
-FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
-    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
-    if (m_begin >= m_end) return;
-    const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
-    mbar_arrive_expect_tx(&sm.kv_full, 2 * N * D * 2);
-    bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
-    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
-    int it = 0;
-    for (int g = 0; g < p.group; g++) {
-        const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
-        for (int i = 0; i < m_end - m_begin; i++, it++) {
-            const int s = it % BWD_STAGES, m = bwd_walk_block(i, m_begin, m_end, m_first);
-            const int row0 = BWD_SEQ(sm, q_tok0) + fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_packed));
-            if (it >= BWD_STAGES) mbar_wait_parity(&sm.empty[s], (it / BWD_STAGES - 1) & 1);
-            if constexpr (Smem::SPLIT_DO) {
-                mbar_arrive_expect_tx(&sm.full[s], M * D * 2 + 2 * M * 4);
-                bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-                tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
-                tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
-                if (it > 0) mbar_wait_parity(&sm.do_empty, (it - 1) & 1);
-                mbar_arrive_expect_tx(&sm.do_full, M * D * 2);
-                bwd_load_rows<D>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
-                continue;
-            }
-            mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
-            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
-            tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
-        }
-    }
-}
-
-// The tile-order dQ of query block m of `head` (fa3c_bwd_dq_tile_offset).
-template <int D>
-FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
-    return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
-}
-
-// FA3C_BWD_DQ_CLAIM_EARLY: claim dQ tile `flag`'s first write (0 -> 1) for
-// this key block; returns the flag's old value: 0 (this block stores), or,
-// once a first store in progress is complete, 2 (this block adds after it:
-// the acquire and the proxy fence order the reduction after that store).
-FA3C_DEVICE int claim_dq_tile(int *flag) {
-    const int old = atom_cas_acquire_gpu(flag, 0, 1);
-    if (old == 0) return 0;
-    if (old != 2) wait_counter_at_least(flag, 2);
-    fence_proxy_async_global();
-    return 2;
-}
-
-// The dQ writer (FA3C_BWD_WRITER_ON), one thread of the producer
-// warpgroup, either kernel: per step (the consumers' walk), wait for both
-// warpgroups' dQ in sm.dq, add it to the block's tile with one bulk
-// reduction, and hand the buffer back once read. With p.dq_written
-// (FA3C_BWD_DQ_FIRST_WRITE) the accumulator was not zeroed: the first key
-// block to claim a tile's flag (0 -> 1) stores its dQ there and raises the
-// flag to 2 once the store is complete; the others wait for 2, then add.
-// deterministic = 1 adds in turn from the consumers instead.
-template <int D, class Smem>
-FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D), BYTES = M * D * 4 };
-    if (p.dq_semaphore) return;
-    const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
-    const int blocks = m_end - m_begin;
-    for (int it = 0; it < p.group * blocks; it++) {
-        const int head = head_kv * p.group + it / blocks, m = bwd_walk_block(it, m_begin, m_end, m_first);
-        float *tile = bwd_dq_tile<D>(p, batch, head, m);
-        int *flag = p.dq_written ? p.dq_written + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m : nullptr;
-        const int claimed = FA3C_BWD_DQ_CLAIM_EARLY && flag ? claim_dq_tile(flag) : -1;
-        mbar_wait_parity(&sm.dq_full, it & 1);
-        if (flag && (FA3C_BWD_DQ_CLAIM_EARLY ? claimed == 0 : atomicCAS(flag, 0, 1) == 0)) {
-            bulk_store(tile, sm.dq, BYTES);
-            tma_store_commit();
-            tma_store_wait_read();
-            mbar_arrive(&sm.dq_empty);
-            tma_store_wait_all();
-            fence_proxy_async_global();
-            st_release_gpu(flag, 2);
-            continue;
-        }
-        if (flag && !FA3C_BWD_DQ_CLAIM_EARLY) {
-            wait_counter_at_least(flag, 2);
-            fence_proxy_async_global();
-        }
-        bulk_reduce_add_f32(tile, sm.dq, BYTES);
-        tma_store_commit();
-        tma_store_wait_read();
-        mbar_arrive(&sm.dq_empty);
-    }
-    tma_store_wait_all();
-}
-
 template <int N>
 FA3C_DEVICE void bwd_fence_regs(float *x) {
 #pragma unroll
@@ -232,18 +123,6 @@ FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int s
         }
     }
     fence_proxy_async_smem();
-}
-
-// This thread's dq (one 64 x 64 piece of the block's
-// tile, in the accumulator's order) added to the tile with 8 vector
-// reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
-// the block's own (a shifted tile's shared rows, padding) go to the block's
-// own slots, which bwd_prep.cu's dq kernel never reads (it reads tile row
-// q - q0 for the block's own queries q only); they hold zeros anyway (dS = 0).
-FA3C_DEVICE void add_dq_tiled(float *tile, const float *dq, int piece) {
-    float *dst = tile + piece * 4096 + (threadIdx.x % 128) * 4;
-#pragma unroll
-    for (int k = 0; k < 8; k++) red_add_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
 }
 
 // The first key block (of block_n keys) that sees query block m (of

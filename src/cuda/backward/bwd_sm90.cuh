@@ -40,6 +40,8 @@
 #include "softmax.cuh"   // probs_to_fragments
 #include "bwd_tiles.h"
 #include "bwd_common.cuh"
+#include "bwd_producer.cuh"
+#include "bwd_dq.cuh"
 
 enum { BWD_N = FA3C_BWD_BLOCK_N(128) };   // keys per CTA (64 and 128 alike)
 

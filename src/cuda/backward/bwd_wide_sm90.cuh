@@ -30,6 +30,8 @@
 #include "wgmma.cuh"
 #include "softmax.cuh"   // probs_to_fragments
 #include "bwd_common.cuh"
+#include "bwd_producer.cuh"
+#include "bwd_dq.cuh"
 
 template <int D>
 struct BwdWideSmem {
