@@ -66,13 +66,15 @@ def causal_pairs(sq, sk):
     return sk * (sk + 1) / 2.0
 
 
-def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=False):
-    fl = 4.0 * b * hq * d * (causal_pairs(sq, sk) if causal else sq * sk)
+def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=False, dv=None):
+    """dv: v's (and out's) head dim, d's by default (MLA prefill: d 192, dv 128)."""
+    dv = dv or d
+    fl = 2.0 * b * hq * (d + dv) * (causal_pairs(sq, sk) if causal else sq * sk)
     el = 1 if dtype == "fp8" else 2
     # bytes a decode step must move: q, k, v read once, out written
-    nbytes = el * (b * sq * hq * d + 2 * b * sk * hkv * d) + 2 * b * sq * hq * d
+    nbytes = el * (b * sq * hq * d + b * sk * hkv * (d + dv)) + 2 * b * sq * hq * dv
     return dict(kind=kind, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, hdim=d,
-                causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes)
+                hdim_v=dv, causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes)
 
 
 def make_shapes(args):
@@ -82,6 +84,8 @@ def make_shapes(args):
             out.append(shape("grid", 1, s, s, 2, 2, 64, False, dtype=args.dtype))
             out.append(shape("grid", 1, s, s, 2, 2, 64, True, dtype=args.dtype))
         out.append(shape("decode", 2, 1, 256, 4, 2, 64, False, bwd=False))
+        if not args.no_mla:
+            out.append(shape("mla", 1, 64, 64, 2, 2, 32, True, dtype=args.dtype, dv=16))
         return out
     if args.quick:
         grid = [(128, False, 2048), (128, True, 2048), (128, False, 8192), (128, True, 8192),
@@ -98,6 +102,9 @@ def make_shapes(args):
         for c in ((True,) if args.quick else (False, True)):
             out.append(shape("gqa", 4, 4096, 4096, 32, 8, 128, c, dtype=args.dtype,
                              flex=args.flex != "none" and not args.quick))
+    if not args.no_mla:   # MLA prefill (DeepSeek): q, k 192, v 128, 16k tokens
+        for c in ((True,) if args.quick else (False, True)):
+            out.append(shape("mla", 4, 4096, 4096, 16, 16, 192, c, dtype=args.dtype, dv=128))
     if not args.no_decode:
         dec = [(8, 8192, 32, 8, 128)] if args.quick else [
             (8, 8192, 32, 8, 128), (8, 32768, 32, 8, 128), (1, 131072, 64, 8, 128),
@@ -335,11 +342,13 @@ def classify(e):
 
 def make_inputs(sh, device):
     b, sq, sk, hq, hkv, d = (sh[n] for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "hdim"))
+    dv = sh.get("hdim_v", d)
     dt = torch.float16 if sh["dtype"] == "fp16" else torch.bfloat16   # fp8: made from bf16
     q = torch.randn(b, sq, hq, d, device=device, dtype=dt)
     k = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
-    v = torch.randn(b, sk, hkv, d, device=device, dtype=dt)
-    inp = dict(q=q, k=k, v=v, dout=torch.randn_like(q) if sh["bwd"] else None, deq=None)
+    v = torch.randn(b, sk, hkv, dv, device=device, dtype=dt)
+    dout = torch.randn(b, sq, hq, dv, device=device, dtype=dt) if sh["bwd"] else None
+    inp = dict(q=q, k=k, v=v, dout=dout, deq=None)
     if sh["dtype"] == "fp8":
         q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
         inp.update(q=q8, k=k8, v=v8, deq=tuple(x.to(dt) for x in (q8, k8, v8)))
@@ -352,7 +361,7 @@ def run_shape(sh, impls, timer, log, deadline):
 
     def row(impl, direction, status, **kw):
         r = dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k", "heads_q",
-                                           "heads_kv", "hdim", "causal", "dtype")},
+                                           "heads_kv", "hdim", "hdim_v", "causal", "dtype")},
                  impl=impl, dir=direction, status=status)
         r.update(kw)
         rows.append(r)
@@ -507,6 +516,8 @@ def markdown(results, impls, targets=None):
               ("grid", "bwd", "Backward, %s, 16k tokens, hidden 2048" % dt, "tflops"),
               ("gqa", "fwd", "GQA prefill forward, %s (32 q heads / 8 kv heads)" % dt, "tflops"),
               ("gqa", "bwd", "GQA prefill backward, %s" % dt, "tflops"),
+              ("mla", "fwd", "MLA prefill forward, %s (q, k head dim 192, v 128)" % dt, "tflops"),
+              ("mla", "bwd", "MLA prefill backward, %s" % dt, "tflops"),
               ("decode", "fwd", "Decode (seqlen_q 1), GB/s of q, k, v, out", "gbps"),
               ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
     for kind, direction, title, metric in titles:
@@ -623,12 +634,13 @@ def main():
     ap.add_argument("--flex", choices=("none", "some", "all"), default="some",
                     help="FlexAttention shapes: none, some (seqlen 8k + GQA; default), all")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16",
-                    help="of the grid and GQA shapes (fp8 shapes stay e4m3; decode stays bf16)")
+                    help="of the grid, GQA and MLA shapes (fp8 shapes stay e4m3; decode stays bf16)")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--no-fwd", action="store_true",
-                    help="time only the backward of the grid and GQA shapes (the forward still runs once)")
+                    help="time only the backward of the grid, GQA and MLA shapes (the forward still runs once)")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--no-gqa", action="store_true")
+    ap.add_argument("--no-mla", action="store_true", help="no MLA prefill shapes (q, k 192 / v 128)")
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--fa3-path", default=os.environ.get("FA3_PATH"),
                     help="folder to put on sys.path for the official flash_attn_interface")
@@ -701,7 +713,8 @@ def main():
         except Exception:  # a bug in this script or a broken context: keep the other shapes
             traceback.print_exc()
             results["rows"].append(dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k",
-                                                                   "heads_q", "heads_kv", "hdim", "causal", "dtype")},
+                                                                   "heads_q", "heads_kv", "hdim", "hdim_v", "causal",
+                                                                   "dtype")},
                                         impl="*", dir="*", status="error", note=traceback.format_exc()[-300:]))
         results["elapsed_s"] = time.time() - t0
         with open(path_json, "w") as f:
