@@ -1512,6 +1512,9 @@ TEST(fwd_not_supported_is_reported) {
     x.problem.dtype = FA3C_DTYPE_E4M3;
     x.problem.seqused_q = (const int32_t *)((char *)buf + (size_t)B * S * 3 * H * D * 2);
     expect_not_supported("fp8 seqused_q", x, "seqused_q");
+    x = p;   // FA3's qv (absorbed MLA decode): the CPU backends only so far
+    x.qv = tu_tensor((char *)buf + (size_t)B * S * H * D * 2, B, S, H, D);
+    expect_not_supported("qv", x, "qv");
     // Device arrays the host never reads: cu_seqlens {0, 64}, a page table of zeros.
     int32_t *arrays = NULL;
     int32_t host_arrays[16] = {0, S};   // the rest: page 0
