@@ -1,7 +1,7 @@
 /* Seeded random fuzzing of the public API on the CPU backends (issue 35; no
  * libFuzzer needed). Each base is a small valid forward or backward call
  * (fp32/fp16/bf16, e4m3 forwards; GQA, masks, softcap, padded and transposed
- * layouts, cu_seqlens, seqused_k, paged KV) whose every tensor and array has
+ * layouts, cu_seqlens, seqused_k, paged KV, qv) whose every tensor and array has
  * its own block between guard zones. Each round applies 1-3 random mutations
  * (boundary and garbage scalars and enums, bad strides, NULL / misaligned /
  * aliasing / wild pointers, broken cu_seqlens, seqused_k and page tables,
@@ -47,9 +47,9 @@
 
 /* ---- guarded blocks ------------------------------------------------------- */
 
-enum { R_Q, R_K, R_V, R_OUT, R_DOUT, R_DQ, R_DK, R_DV, R_LSE, R_CUQ, R_CUK, R_USED, R_PT, R_DSQ, R_DSK, R_DSV, NREG };
+enum { R_Q, R_K, R_V, R_OUT, R_DOUT, R_DQ, R_DK, R_DV, R_LSE, R_CUQ, R_CUK, R_USED, R_PT, R_DSQ, R_DSK, R_DSV, R_QV, NREG };
 static const char *const region_names[NREG] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv", "lse",
-                                               "cu_q", "cu_k", "used", "pages", "q_ds", "k_ds", "v_ds"};
+                                               "cu_q", "cu_k", "used", "pages", "q_ds", "k_ds", "v_ds", "qv"};
 
 enum {
     GUARD = 64,        /* bytes before every payload (and at least this many after) */
@@ -142,10 +142,10 @@ static int tensors_of(fz *z, targ *a) {
         return 8;
     }
     fa3c_fwd_params *f = &z->f;
-    const targ t[4] = {{"q", &f->q, KQ, 0, R_Q}, {"k", &f->k, KK, 0, R_K}, {"v", &f->v, KK, 0, R_V},
-                       {"out", &f->out, KQ, 1, R_OUT}};
+    const targ t[5] = {{"q", &f->q, KQ, 0, R_Q}, {"k", &f->k, KK, 0, R_K}, {"v", &f->v, KK, 0, R_V},
+                       {"out", &f->out, KQ, 1, R_OUT}, {"qv", &f->qv, KQ, 0, R_QV}};   /* qv: when given */
     memcpy(a, t, sizeof t);
-    return 4;
+    return f->qv.data ? 5 : 4;
 }
 
 static int elem_of(fz *z, const targ *a) {
@@ -644,6 +644,8 @@ static void base_build(fz *z, int bwd, int meta) {
             f->k_descale = (const float *)z->r[R_DSK].data;
             f->v_descale = (const float *)z->r[R_DSV].data;
         }
+        if (dt != FA3C_DTYPE_E4M3 && tu_rand_int(0, 3) == 0)   /* qv (absorbed MLA decode), as q with v's head dim */
+            tensor_in(z, &f->qv, R_QV, b, varq ? tq : sq, hq, d, varq, es, 0, dt);
         f->num_splits = tu_rand_int(0, 3);
         f->backend = tu_rand_int(0, 1) ? FA3C_BACKEND_CPU : FA3C_BACKEND_CPU_REFERENCE;
     } else {
