@@ -653,10 +653,6 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
     return check_aliasing(c, host_arrays);
 }
 
-static float default_scale(const fa3c_problem *pr) {
-    return pr->softmax_scale != 0 ? pr->softmax_scale : 1.0f / sqrtf((float)pr->headdim);
-}
-
 /* ---- forward ---- */
 
 /* prepare_fwd / prepare_bwd: validate p and fill *out with the backend and
@@ -700,9 +696,7 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "qv: not on the CUDA backend yet (the CPU backends take it)");
 
     out->backend = backend;
-    out->problem.softmax_scale = p->qv.data && pr->softmax_scale == 0
-                                     ? (float)(1.0 / sqrt((double)(pr->headdim + dv)))
-                                     : default_scale(pr);
+    out->problem.softmax_scale = fa3c_softmax_scale(pr, p->qv.data != NULL);
     if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_fwd_supported(out)) != FA3C_STATUS_OK) return s;
     return FA3C_STATUS_OK;
 }
@@ -783,7 +777,7 @@ static fa3c_status prepare_bwd(const fa3c_bwd_params *p, fa3c_bwd_params *out, i
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.page_table: paged KV is not supported in the backward");
 
     out->backend = backend;
-    out->problem.softmax_scale = default_scale(pr);
+    out->problem.softmax_scale = fa3c_softmax_scale(pr, 0);
     if (backend == FA3C_BACKEND_CUDA && (s = fa3c_cuda_bwd_supported(out)) != FA3C_STATUS_OK) return s;
     return FA3C_STATUS_OK;
 }

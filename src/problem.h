@@ -87,6 +87,13 @@ static inline int fa3c_headdim_v(const fa3c_problem *pr) {
     return pr->headdim_v ? pr->headdim_v : pr->headdim;
 }
 
+/* The softmax scale a call uses: softmax_scale, or by default 1/sqrt(headdim),
+ * and 1/sqrt(headdim + headdim_v) with the forward's qv (FA3's). */
+static inline float fa3c_softmax_scale(const fa3c_problem *pr, int with_qv) {
+    if (pr->softmax_scale != 0) return pr->softmax_scale;
+    return with_qv ? (float)(1.0 / sqrt((double)(pr->headdim + fa3c_headdim_v(pr)))) : 1.0f / sqrtf((float)pr->headdim);
+}
+
 /* The wider of the two head dims: the columns a padded kernel spans. */
 static inline int fa3c_headdim_max(const fa3c_problem *pr) {
     return fa3c_headdim_v(pr) > pr->headdim ? fa3c_headdim_v(pr) : pr->headdim;

@@ -333,7 +333,7 @@ fa3c_status fa3c_cpu_bwd(const fa3c_bwd_params *p) {
     c.dvp = (int)round_up((size_t)c.dv, NR);
     c.group = c.pr.heads_q / c.pr.heads_kv;
     c.dt = c.pr.dtype;
-    if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)c.d));
+    c.pr.softmax_scale = fa3c_softmax_scale(&c.pr, 0);
     const fa3c_problem *pr = &c.pr;
     if (!setup(&c)) {
         free_ctx(&c);

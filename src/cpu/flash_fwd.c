@@ -196,7 +196,7 @@ fa3c_status fa3c_cpu_fwd(const fa3c_fwd_params *p) {
     c.odt = fa3c_out_dtype(c.dt);
     c.qk = p->qv.data ? c.dp + c.dv : c.d;
     c.qw = p->qv.data ? c.dp + c.dvp : c.dp;
-    if (c.pr.softmax_scale == 0) c.pr.softmax_scale = (float)(1.0 / sqrt((double)(p->qv.data ? c.d + c.dv : c.d)));
+    c.pr.softmax_scale = fa3c_softmax_scale(&c.pr, p->qv.data != NULL);
 
     /* (batch, first row) of every row block */
     int64_t nblk = 0;

@@ -13,16 +13,15 @@
  * also works when called directly (tests) rather than through api.c. */
 static fa3c_problem prepared(const fa3c_problem *pr) {
     fa3c_problem P = *pr;
-    if (P.softmax_scale == 0) P.softmax_scale = (float)(1.0 / sqrt((double)P.headdim));
+    P.softmax_scale = fa3c_softmax_scale(pr, 0);
     return P;
 }
 
-/* The forward's: with qv the default is 1/sqrt(headdim + headdim_v) (FA3's). */
+/* The forward's (with qv its default differs). */
 static fa3c_problem prepared_fwd(const fa3c_fwd_params *p) {
     fa3c_problem P = p->problem;
-    if (P.softmax_scale == 0 && p->qv.data)
-        P.softmax_scale = (float)(1.0 / sqrt((double)(P.headdim + fa3c_headdim_v(&P))));
-    return prepared(&P);
+    P.softmax_scale = fa3c_softmax_scale(&P, p->qv.data != NULL);
+    return P;
 }
 
 static int max_seqlen_k(const fa3c_problem *pr) {
