@@ -237,8 +237,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
     qv = ops.prepare(qv) if qv is not None else None
     dt = ops.dtype_code(q)
-    for name, x in (("k", k), ("v", v)) + ((("qv", qv),) if qv is not None else ()):
-        if ops.dtype_code(x) != dt:
+    for name, x in (("k", k), ("v", v), ("qv", qv)):
+        if x is not None and ops.dtype_code(x) != dt:
             raise bad("q, k and v must have the same dtype (q is %s, %s is %s)"
                       % (ops.dtype_name(q), name, ops.dtype_name(x)))
     cu_q = ops.int32(cu_seqlens_q, q)

@@ -235,9 +235,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
             appended_lens = cache_seqlens + k.shape[1]
     kw = dict(seqused_k=appended_lens, page_table=page_table, softmax_scale=softmax_scale,
               causal=causal, window_size=window_size, softcap=softcap, q_descale=q_descale,
-              k_descale=k_descale, v_descale=v_descale, num_splits=num_splits)
-    if qv is not None:
-        kw.update(qv=qv)
+              k_descale=k_descale, v_descale=v_descale, num_splits=num_splits, qv=qv)
     if cache_leftpad is not None:
         kw.update(leftpad_k=cache_leftpad)
     if cu_seqlens_q is not None:
