@@ -121,8 +121,8 @@ typedef struct fa3c_problem {
      * Sequence b then has min(seqused_q[b], its queries) queries: the causal
      * diagonal and windows align to that count, out and lse rows past it are
      * not written, and the backward writes zeros to their dq rows. CPU
-     * backends; the CUDA forward in bf16 / fp16 (its backward and e4m3
-     * return NOT_SUPPORTED so far). */
+     * backends; the CUDA forward and backward in bf16 / fp16 (e4m3 returns
+     * NOT_SUPPORTED so far). Rows past the count may hold anything. */
     const int32_t *seqused_q;
     /* Optional (NULL = none): left padding of a KV cache (batch int32, FA3's
      * leftpad_k / cache_leftpad), in the same memory as the tensors. Sequence

@@ -101,8 +101,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     same memory as the tensors. Returns out, or (out, softmax_lse) with softmax_lse float32
     (heads, total_q). s_aux: attention sinks, as flash_attn_func's. seqused_q / seqused_k:
     (batch,) int32, the queries / keys used per sequence; out and softmax_lse rows past
-    seqused_q are not written and their dq is zeros (seqused_q: the CUDA forward takes it, the
-    CUDA backward raises Fa3cError NOT_SUPPORTED with its reason so far). qv (total_q, heads,
+    seqused_q are not written and their dq is zeros. qv (total_q, heads,
     headdim_v): as flash_attn_func's."""
     _common_unsupported(attention_chunk, sm_margin)
     kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

@@ -48,24 +48,25 @@ static int count_pair(int *count, int sk_stored, int q, int key, int own_q_lo, i
     return 0;
 }
 
-// One sequence of the backward: sq queries, sk_stored keys of which sk used,
+// One sequence of the backward: sq queries of which sq_used used (seqused_q), sk_stored keys of which sk used,
 // query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128) and key blocks
 // of block_n (128, or 64 and 80 for the wide kernel, wide = 1). Walks what the CTAs
 // of its key blocks would (staggered, as with the first-write flags:
 // bwd_walk_start), and counts each (query, key) pair they see; returns the
 // number of errors.
-static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl, int wr, int packed, int block_m,
-                              int block_n, int wide) {
+static int check_bwd_sequence(int sq, int sq_used, int sk_stored, int sk, int causal, int wl, int wr, int packed,
+                              int block_m, int block_n, int wide) {
     const fa3c_problem pr = mask_problem(causal, wl, wr);
     fa3c_bwd_kernel_params p;
     memset(&p, 0, sizeof p);
-    int cu_q[2] = {0, sq}, cu_k[2] = {0, sk_stored}, used[1] = {sk};
+    int cu_q[2] = {0, sq}, cu_k[2] = {0, sk_stored}, used[1] = {sk}, used_q[1] = {sq_used};
     p.batch = 1;
     p.seqlen_q = sq;
     p.seqlen_k = sk_stored;
     p.cu_seqlens_q = packed ? cu_q : NULL;
     p.cu_seqlens_k = packed ? cu_k : NULL;
     p.seqused_k = sk < sk_stored ? used : NULL;
+    p.seqused_q = sq_used < sq ? used_q : NULL;
     p.window_left = wl;
     p.window_right = causal ? 0 : wr;
     int *count = (int *)calloc((size_t)sq * sk_stored + 1, sizeof(int));
@@ -87,7 +88,8 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
         }
         for (int i = 0; i < blocks; i++) {
             const int m = bwd_walk_block(i, seq.m_begin, seq.m_end, seq.m_first);
-            const int q0 = fa3c_bwd_rows_start(m, block_m, seq.sq, seq.q_packed);
+            const int q0 = fa3c_bwd_rows_start(m, block_m, seq.sq, seq.q_shifted);
+            if ((packed || sq_used < sq) && q0 + block_m > seq.sq) errors++;   // a box never reads past the queries used
             for (int quad = 0; quad < 4; quad++) {
                 if (!wide) {
                     for (int row = 0; row < block_n; row++) {   // every key row, in the consumers' terms
@@ -116,11 +118,11 @@ static int check_bwd_sequence(int sq, int sk_stored, int sk, int causal, int wl,
     }
     for (int q = 0; q < sq; q++)
         for (int key = 0; key < sk_stored; key++) {
-            const int want = key < sk && visible(&pr, q, key, sq, sk);
+            const int want = q < sq_used && key < sk && visible(&pr, q, key, sq_used, sk);
             if (count[(size_t)q * sk_stored + key] != want) {
                 if (errors < 5)
-                    printf("  sq %d sk %d/%d causal %d window (%d,%d) packed %d block_m %d block_n %d: query %d key %d seen "
-                           "%d times, want %d\n", sq, sk, sk_stored, causal, wl, wr, packed, block_m, block_n, q, key,
+                    printf("  sq %d/%d sk %d/%d causal %d window (%d,%d) packed %d block_m %d block_n %d: query %d key %d "
+                           "seen %d times, want %d\n", sq_used, sq, sk, sk_stored, causal, wl, wr, packed, block_m, block_n, q, key,
                            count[(size_t)q * sk_stored + key], want);
                 errors++;
             }
@@ -157,15 +159,16 @@ TEST(bwd_walk_sees_each_pair_once) {
         for (int b = 0; b < 10; b++)
             for (int w = 0; w < 7; w++)
                 for (int packed = 0; packed < 2; packed++)
-                    for (int used = 0; used < 2; used++)
+                    for (int used = 0; used < 4; used++)   // seqused_k (odd), seqused_q (2, 3)
                         for (int kind = 0; kind < 4; kind++) {   // hdim 128's, hdim 64's, the wide kernel's 64 and 80 keys
-                            const int sq = lens[a], stored = lens[b], sk = used ? (stored * 2 + 2) / 3 : stored;
+                            const int sq = lens[a], stored = lens[b], sk = used % 2 ? (stored * 2 + 2) / 3 : stored;
+                            const int sq_used = used >= 2 ? (sq + 1) / 3 : sq;
                             const int block_m = kind == 1 ? 128 : 64, block_n = kind == 2 ? 64 : kind == 3 ? 80 : 128;
-                            errors += check_bwd_sequence(sq, stored, sk, windows[w][0], windows[w][1], windows[w][2],
-                                                         packed, block_m, block_n, kind >= 2);
+                            errors += check_bwd_sequence(sq, sq_used, stored, sk, windows[w][0], windows[w][1],
+                                                         windows[w][2], packed, block_m, block_n, kind >= 2);
                             cases++;
                         }
-    printf("  %d shapes (lengths x masks x packed x seqused_k x kernel tile)\n", cases);
+    printf("  %d shapes (lengths x masks x packed x seqused_k / _q x kernel tile)\n", cases);
     CHECK(errors == 0, "%d errors in the backward's walk", errors);
 }
 

@@ -30,6 +30,9 @@ typedef struct {
     // keys (seqused_k), the rows past it NaN in k and v, which must not reach any gradient.
     int varlen, lens_q[8], lens_k[8];
     int seqused, used[8];
+    // qused = 1 uses used_q[b] of each sequence's queries (seqused_q); q, dout, out and lse rows past it
+    // are NaN, which must not reach any gradient, and dq is 0 there.
+    int qused, used_q[8];
     int sinks;   // 1: an attention sink per query head (-inf, 6, random) and its gradient dsinks
     int headdim_v;   // v's, out's, dout's and dv's head dim; 0: headdim (MLA prefill: 192 / 128)
 } bwd_case;
@@ -61,7 +64,7 @@ static float round_to(fa3c_dtype dt, float x) {
 // what it uses.
 typedef struct {
     int64_t tq0[8], tk0[8];   // token of its query / key 0
-    int sq[8], sk[8];         // its queries, and the keys it uses (seqused_k)
+    int sq[8], sk[8];         // the queries (seqused_q) and keys (seqused_k) it uses
     int64_t total_q;          // the LSE's row count per head when packed
     int packed_q;
 } seq_layout;
@@ -290,23 +293,26 @@ static void run_case(const char *label, bwd_case c) {
            c.softcap);
     for (int b = 0; c.varlen && b < c.batch; b++) printf("%s%d/%d", b ? "," : " lens q/k ", c.lens_q[b], c.lens_k[b]);
     for (int b = 0; c.seqused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_k ", c.used[b]);
+    for (int b = 0; c.qused && b < c.batch; b++) printf("%s%d", b ? "," : " seqused_q ", c.used_q[b]);
     if (DV != D) printf(" headdim_v %d", (int)DV);
     printf("%s\n", c.sinks ? " sinks" : "");
-    if ((c.varlen || c.seqused) && (c.packed_qkv || c.batch > 8)) {
-        CHECK(0, "test case: varlen and seqused_k need separate q, k, v and batch <= 8");
+    if ((c.varlen || c.seqused || c.qused) && (c.packed_qkv || c.batch > 8)) {
+        CHECK(0, "test case: varlen, seqused_k and seqused_q need separate q, k, v and batch <= 8");
         return;
     }
     // The sequences: packed (varlen) as one batch of their tokens, else batch x seqlen (the same
     // offsets: sequence b starts at token b x seqlen of the contiguous tensors).
     seq_layout L;
     memset(&L, 0, sizeof L);
-    int32_t cu_q[9] = {0}, cu_k[9] = {0}, used[8];
+    int32_t cu_q[9] = {0}, cu_k[9] = {0}, used[8], used_q[8];
     for (int b = 0; b < c.batch; b++) {
-        L.sq[b] = c.varlen ? c.lens_q[b] : c.seqlen_q;
+        const int stored_q = c.varlen ? c.lens_q[b] : c.seqlen_q;
         const int stored = c.varlen ? c.lens_k[b] : c.seqlen_k;
         used[b] = c.seqused ? c.used[b] : stored;
+        used_q[b] = c.qused ? c.used_q[b] : stored_q;
         L.sk[b] = used[b] < stored ? used[b] : stored;
-        cu_q[b + 1] = cu_q[b] + L.sq[b];
+        L.sq[b] = used_q[b] < stored_q ? used_q[b] : stored_q;
+        cu_q[b + 1] = cu_q[b] + stored_q;
         cu_k[b + 1] = cu_k[b] + stored;
         L.tq0[b] = cu_q[b];
         L.tk0[b] = cu_k[b];
@@ -335,6 +341,7 @@ static void run_case(const char *label, bwd_case c) {
         p.problem.cu_seqlens_k = cu_k;
     }
     if (c.seqused) p.problem.seqused_k = used;
+    if (c.qused) p.problem.seqused_q = used_q;
     float *sinks = NULL;   // host values for the references; a device copy for the GPU run
     if (c.sinks) {
         sinks = (float *)tu_alloc((size_t)HQ * sizeof(float));
@@ -371,6 +378,13 @@ static void run_case(const char *label, bwd_case c) {
     }
     void *hdout = tu_alloc(no * es);
     tu_fill_normal(hdout, c.dtype, no, 1.f);
+    if (c.qused) {   // the queries past each sequence's count: NaN in q and dout (out and lse below)
+        for (int b = 0; b < c.batch; b++)
+            for (int64_t i = L.tq0[b] + L.sq[b]; i < cu_q[b + 1]; i++) {
+                for (int64_t e = 0; e < HQ * D; e++) tu_store(hq, c.dtype, i * HQ * D + e, NAN);
+                for (int64_t e = 0; e < HQ * DV; e++) tu_store(hdout, c.dtype, i * HQ * DV + e, NAN);
+            }
+    }
     tu_strides_bshd(p.dout.stride, BT, SQT, HQ, DV);
     p.dout.data = hdout;
 
@@ -397,6 +411,15 @@ static void run_case(const char *label, bwd_case c) {
         tu_store(hout, c.dtype, i, fo[i]);
         fo[i] = tu_load(hout, c.dtype, i);   // the rounded out, as the backward sees it
     }
+    for (int b = 0; c.qused && b < c.batch; b++)   // what the forward left unwritten past the queries used: NaN
+        for (int64_t i = L.tq0[b] + L.sq[b]; i < cu_q[b + 1]; i++) {
+            for (int64_t e = 0; e < HQ * DV; e++) {
+                tu_store(hout, c.dtype, i * HQ * DV + e, NAN);
+                fo[i * HQ * DV + e] = NAN;
+            }
+            for (int64_t h = 0; h < HQ; h++)
+                lse[c.varlen ? h * L.total_q + i : ((int64_t)b * HQ + h) * SQ + i - L.tq0[b]] = NAN;
+        }
     tu_strides_bshd(p.out.stride, BT, SQT, HQ, DV);
 
     // The float64 reference backward on float copies, and the naive one in the dtype.
@@ -429,6 +452,7 @@ static void run_case(const char *label, bwd_case c) {
     int32_t *d_cu_q = c.varlen ? (int32_t *)to_device(cu_q, sizeof cu_q) : NULL;
     int32_t *d_cu_k = c.varlen ? (int32_t *)to_device(cu_k, sizeof cu_k) : NULL;
     int32_t *d_used = c.seqused ? (int32_t *)to_device(used, sizeof used) : NULL;
+    int32_t *d_used_q = c.qused ? (int32_t *)to_device(used_q, sizeof used_q) : NULL;
     float *d_sinks = sinks ? (float *)to_device(sinks, (size_t)HQ * sizeof(float)) : NULL, *d_dsinks = NULL;
     float *g_dsinks[2] = {NULL, NULL};
     if (sinks) CUDA_OK(cudaMalloc((void **)&d_dsinks, (size_t)HQ * sizeof(float)));
@@ -452,6 +476,7 @@ static void run_case(const char *label, bwd_case c) {
         g.problem.cu_seqlens_q = d_cu_q;
         g.problem.cu_seqlens_k = d_cu_k;
         g.problem.seqused_k = d_used;
+        g.problem.seqused_q = d_used_q;
         g.problem.sinks = d_sinks;
         g.dsinks = d_dsinks;
         if (d_dsinks) CUDA_OK(cudaMemset(d_dsinks, 0xFF, (size_t)HQ * sizeof(float)));   // NaN poison
@@ -503,6 +528,7 @@ static void run_case(const char *label, bwd_case c) {
     cudaFree(d_cu_q);
     cudaFree(d_cu_k);
     cudaFree(d_used);
+    cudaFree(d_used_q);
     cudaFree(d_sinks);
     cudaFree(d_dsinks);
     free(sinks);
@@ -736,6 +762,50 @@ TEST(bwd_seqused_k) {
     run_case("packed seqused_k causal", c);
 }
 
+// seqused_q: each sequence uses the first used_q[b] of its queries; the rest
+// are NaN in q, dout, out and lse, and their dq rows must come out 0. The
+// last query tile of a sequence ends at its count (shifted up); a packed
+// sequence shorter than a tile starts it in the sequence before, whose rows
+// past its own count are NaN: the producer zeroes them (foreign_query_rows).
+TEST(bwd_seqused_q) {
+    REQUIRE_CUDA_BWD();
+    const int dims[4] = {64, 128, 192, 256};
+    for (int i = 0; i < 4; i++) {
+        const int d = dims[i];
+        char name[96];
+        bwd_case c = bcase(i % 2 ? FP16 : BF16, 3, 200, 170, 4, 2, d);
+        c.qused = 1;
+        c.used_q[0] = 200;
+        c.used_q[1] = 37;
+        c.used_q[2] = 0;
+        c.causal = i < 2;
+        snprintf(name, sizeof name, "hdim %d seqused_q%s GQA", d, c.causal ? " causal" : "");
+        run_case(name, c);
+        const int lq[4] = {100, 30, 9, 140}, lk[4] = {90, 40, 9, 150};
+        c = varlen_case(BF16, 4, 2, 2, d, lq, lk);
+        c.qused = 1;
+        c.used_q[0] = 60;   // the rows past 60 feed the next sequence's shifted tile
+        c.used_q[1] = 30;
+        c.used_q[2] = 2;
+        c.used_q[3] = 139;
+        c.causal = i >= 2;
+        c.deterministic = i == 1;
+        snprintf(name, sizeof name, "hdim %d packed seqused_q%s%s", d, c.causal ? " causal" : "",
+                 c.deterministic ? " deterministic" : "");
+        run_case(name, c);
+    }
+    // A short sequence whose tile reaches before token 0 and over the first
+    // sequence's NaN rows past its count (bwd_random_problems, seed 77001).
+    const int lq[2] = {31, 21}, lk[2] = {135, 115};
+    bwd_case c = varlen_case(BF16, 2, 2, 2, 128, lq, lk);
+    c.qused = 1;
+    c.used_q[0] = 19;
+    c.used_q[1] = 9;
+    c.window_left = 21;
+    c.window_right = 0;
+    run_case("packed seqused_q, a tile over token 0", c);
+}
+
 // Small shapes of every path, for compute-sanitizer (tools/gpu_bwd_fp8.sh):
 // ragged blocks, packed sequences with shifted tiles, seqused_k's NaN rows,
 // deterministic turns, GQA.
@@ -913,15 +983,13 @@ TEST(bwd_not_supported_is_reported) {
     CUDA_OK(cudaMalloc((void **)&lse, 64 * 4));
     p.lse = lse;
     p.backend = FA3C_BACKEND_CUDA;
-    const char *what[2] = {"headdim_v", "seqused_q"}, *needle[2] = {"headdim_v", "seqused_q"};
-    for (int i = 0; i < 2; i++) {
+    const char *what[1] = {"headdim_v"}, *needle[1] = {"headdim_v"};
+    for (int i = 0; i < 1; i++) {
         fa3c_bwd_params q = p;
         if (i == 0) {   // v, out, dout, dv of 264 columns under q, k of 128: above 256, CPU backends only so far
             q.problem.headdim_v = 264;
             fa3c_tensor *ts[4] = {&q.v, &q.out, &q.dout, &q.dv};
             for (int j = 0; j < 4; j++) tu_strides_bshd(ts[j]->stride, 1, 64, 1, 264);
-        } else {   // queries used per sequence: the forward takes them, the backward not yet (a device array)
-            q.problem.seqused_q = (const int32_t *)lse;
         }
         fa3c_status s = fa3c_bwd_check(&q);
         printf("  %s: %s: %s\n", what[i], fa3c_status_string(s), fa3c_last_error());
@@ -968,6 +1036,10 @@ TEST(bwd_random_problems) {
         if (tu_rand_int(0, 9) < 2) {   // seqused_k
             c.seqused = 1;
             for (int b = 0; b < c.batch; b++) c.used[b] = tu_rand_int(0, c.varlen ? c.lens_k[b] : c.seqlen_k);
+        }
+        if (tu_rand_int(0, 9) < 2) {   // seqused_q
+            c.qused = 1;
+            for (int b = 0; b < c.batch; b++) c.used_q[b] = tu_rand_int(0, c.varlen ? c.lens_q[b] : c.seqlen_q);
         }
         char label[32];
         snprintf(label, sizeof label, "random %ld", i);

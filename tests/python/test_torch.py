@@ -402,7 +402,7 @@ def test_gpu_varlen():
 @gpu
 def test_gpu_seqused_q_forward():
     """seqused_q on the CUDA forward: each sequence's first queries, the causal diagonal
-    aligned to them (the rows past them are not written); the backward refuses it."""
+    aligned to them (the rows past them are not written), and the backward."""
     torch.manual_seed(11)
     cu_q = torch.tensor([0, 100, 350, 351], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 300, 400, 1000], dtype=torch.int32, device="cuda")
@@ -418,9 +418,28 @@ def test_gpu_seqused_q_forward():
             want = attention_ref(*args, causal=True)[0][0]
             naive = attention_ref(*args, causal=True, upcast=False)[0][0]
             check(out[qs:qs + n], want, naive, 1e-3, "seqused_q seq %d" % b)
-    with pytest.raises(fa3c.Fa3cError, match="seqused_q"):
-        qg = q.detach().requires_grad_()
-        fa3c.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, 250, 600, seqused_q=used, causal=True).sum().backward()
+    # The backward: each sequence's gradients from its used queries; dq is 0 past them.
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(out)
+    fa3c.flash_attn_varlen_func(qg, kg, vg, cu_q, cu_k, 250, 600, seqused_q=used, causal=True).backward(dout)
+    want = {u: [torch.zeros_like(t, dtype=torch.float32 if u else t.dtype) for t in (q, k, v)] for u in (True, False)}
+    for b in range(3):
+        qs, qe, ks, ke, n = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1], used[b]))
+        if not n:
+            continue
+        for upcast in (True, False):
+            args = [t.detach()[qs:qs + n] if i == 0 else t.detach()[ks:ke] for i, t in enumerate((q, k, v))]
+            args = [a.float().requires_grad_() if upcast else a.requires_grad_() for a in args]
+            o = attention_ref(*(a[None] for a in args), causal=True, upcast=upcast)[0][0]
+            o.backward(dout[qs:qs + n].to(o.dtype))
+            w = want[upcast]
+            w[0][qs:qs + n] += args[0].grad.to(w[0].dtype)
+            w[1][ks:ke] += args[1].grad.to(w[1].dtype)
+            w[2][ks:ke] += args[2].grad.to(w[2].dtype)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        got = (qg, kg, vg)[i].grad
+        check(got, want[True][i], want[False][i], 1e-3, "seqused_q backward " + name)
+    assert torch.all(qg.grad[37:100] == 0) and torch.all(qg.grad[350:351] == 0), "dq past the queries used"
 
 
 @gpu

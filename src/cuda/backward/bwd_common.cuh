@@ -25,10 +25,10 @@ enum {
 // thread (bwd_sequence) and read from smem where needed: the consumers'
 // registers are full.
 struct BwdSeq {
-    int sq, sk, sk_stored;     // queries; keys used (the mask: seqused_k); keys stored (dk, dv rows written)
+    int sq, sk, sk_stored;     // queries used (seqused_q); keys used (the mask: seqused_k); keys stored (dk, dv rows written)
     int q_tok0, k_tok0;        // token of query / key 0 in the tensors (packed sequences; else 0)
     int q_batch, k_batch;      // the maps' batch coordinate: the batch, or 0 for packed sequences
-    int q_packed;              // 1: query tiles may be shifted (fa3c_bwd_rows_start)
+    int q_shifted;             // 1: query tiles may be shifted (fa3c_bwd_rows_start)
     int k_start;               // key of the K/V tile's row 0 (fa3c_bwd_rows_start)
     int rel_lo, rel_hi;        // query i sees key j < sk iff rel_lo <= j - i <= rel_hi
     int m_begin, m_end;        // the query blocks with a row that sees a key of this block
@@ -62,10 +62,11 @@ FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_bloc
     q.sk_stored = p.seqlen_k;
     if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &q.q_tok0, &q.sq);
     if (p.cu_seqlens_k) fa3c_bwd_packed_sequence(p.cu_seqlens_k, batch, p.batch, p.seqlen_k, &q.k_tok0, &q.sk_stored);
-    q.sk = p.seqused_k ? max(min(p.seqused_k[batch], q.sk_stored), 0) : q.sk_stored;
+    q.sq = fa3c_bwd_used(p.seqused_q, batch, q.sq);
+    q.sk = fa3c_bwd_used(p.seqused_k, batch, q.sk_stored);
     q.q_batch = p.cu_seqlens_q ? 0 : batch;
     q.k_batch = p.cu_seqlens_k ? 0 : batch;
-    q.q_packed = p.cu_seqlens_q != nullptr;
+    q.q_shifted = p.cu_seqlens_q || p.seqused_q;
     q.k_start = fa3c_bwd_rows_start(n_block, block_n, q.sk_stored, p.cu_seqlens_k != nullptr);
     const long long diag = (long long)q.sk - q.sq;   // bottom-right aligned, per sequence (src/problem.h)
     q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;
@@ -155,4 +156,5 @@ FA3C_DEVICE void bwd_cta_init(const fa3c_bwd_kernel_params &p, Smem &sm, int n_b
         mbar_init(&sm.full[s], 1);
         mbar_init(&sm.empty[s], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
     }
+    mbar_init(&sm.landed, 1);   // a slot the producer zeroes rows of (bwd_producer.cuh)
 }

@@ -63,12 +63,6 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
                           "-DFA3C_CUDA_BWD=ON, or use backend CPU)");
     fa3c_status fs = fa3c_cuda_problem_features_supported(pr);
     if (fs != FA3C_STATUS_OK) return fs;
-    /* Queries past seqused_q may hold NaN, and a Q / dO tile that reaches them would
-     * carry it into dK and dV through the GEMMs: they would need zeroing in smem first,
-     * as K and V rows past seqused_k are. */
-    if (pr->seqused_q)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "problem.seqused_q: the CUDA backward does not take queries used "
-                          "per sequence yet (the forward does; the CPU backends do both)");
     if (pr->dtype != FA3C_DTYPE_BF16 && pr->dtype != FA3C_DTYPE_FP16)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA backward: only bf16 and fp16 are supported");
     if (!FA3C_BWD_HEADDIM_OK(fa3c_headdim_max(pr)))
@@ -121,6 +115,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->cu_seqlens_q = pr->cu_seqlens_q;
     k->cu_seqlens_k = pr->cu_seqlens_k;
     k->seqused_k = pr->seqused_k;
+    k->seqused_q = pr->seqused_q;
     k->batch = pr->batch;
     k->seqlen_q = pr->seqlen_q;
     k->seqlen_k = pr->seqlen_k;
@@ -196,6 +191,7 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     memcpy(prep.dout_stride, p->dout.stride, sizeof prep.dout_stride);
     prep.lse = p->lse;
     prep.cu_seqlens_q = pr->cu_seqlens_q;
+    prep.seqused_q = pr->seqused_q;
     prep.lse_log2 = (float *)k.lse_log2;
     prep.dsum = (float *)k.dsum;
     prep.dq_accum = k.dq_accum;

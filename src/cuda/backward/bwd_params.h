@@ -16,7 +16,7 @@ typedef struct fa3c_bwd_kernel_params {
      * Q and dO of FA3C_BWD_BLOCK_M(headdim) rows; rows past the end read as zeros.
      * Packed sequences (cu_seqlens): one batch of batch x seqlen tokens (a
      * bound; every box stays inside its sequence or before it:
-     * fa3c_bwd_rows_start). */
+     * fa3c_bwd_rows_start); so does every Q / dO box with seqused_q. */
     CUtensorMap q_map, k_map, v_map, do_map;
     /* lse_log2 and dsum below as (batch x heads_q rows of rows_pad floats),
      * boxes of FA3C_BWD_BLOCK_M(headdim) x 1 (compute-sanitizer's racecheck did not
@@ -77,6 +77,12 @@ typedef struct fa3c_bwd_kernel_params {
      * 119; the host's choice of them is at commit 29fb44d, FA3C_BWD_LPT). */
     int num_n_blocks, section;
     int headdim_v;             /* v's, dout's and dv's columns (problem.headdim_v); the kernel spans the wider */
+    /* Queries used per sequence (NULL = all; device memory, the API's): the
+     * sequence then has fa3c_bwd_used(...) queries, its last query tile ends
+     * there (fa3c_bwd_rows_start), and the rows it takes from the sequence
+     * before, which may hold anything past that one's queries used, are
+     * zeroed in smem (bwd_producer.cuh). */
+    const int *seqused_q;
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has
@@ -101,6 +107,7 @@ typedef struct fa3c_bwd_prep_params {
     const float *sinks;        /* problem.sinks and their gradient's output (fa3c_bwd_dsinks); NULL = none */
     float *dsinks;
     int headdim_v;             /* out's and dout's columns (dsum's sum) */
+    const int *seqused_q;      /* as the main kernel's; dq rows past a sequence's queries used are written as zeros */
 } fa3c_bwd_prep_params;
 
 #ifdef __CUDACC__
@@ -123,15 +130,25 @@ static inline FA3C_BWD_HD void fa3c_bwd_packed_sequence(const int *cu, int b, in
     *len = n;
 }
 
+/* Sequence b's queries (keys) used: min(used[b], len), at least 0; len
+ * without `used`. */
+static inline FA3C_BWD_HD int fa3c_bwd_used(const int *used, int b, int len) {
+    if (!used) return len;
+    const int n = used[b];
+    return n < 0 ? 0 : n < len ? n : len;
+}
+
 /* The first row (query or key, counted in its sequence) of the smem tile of
  * block `block` of `rows` rows, in a sequence of `len` rows: block x rows,
- * or for packed sequences, where the maps cannot stop a box at the
- * sequence's end, shifted up so that the box ends there (negative when the
- * sequence is shorter than a box: the tile then starts in the sequence
- * before, or before token 0, which TMA reads as zeros). Tile rows before
- * block x rows belong to the block before, or to no block, and are masked. */
-static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, int packed) {
-    return packed && block * rows + rows > len ? len - rows : block * rows;
+ * or where the maps cannot stop a box at the sequence's end (`shifted`:
+ * packed sequences, or queries used per sequence, whose rows past the used
+ * ones may hold anything), shifted up so that the box ends there (negative
+ * when the sequence is shorter than a box: the tile then starts in the
+ * sequence before, or before row 0, which TMA reads as zeros). Tile rows
+ * before block x rows belong to the block before, or to no block, and are
+ * masked. */
+static inline FA3C_BWD_HD int fa3c_bwd_rows_start(int block, int rows, int len, int shifted) {
+    return shifted && block * rows + rows > len ? len - rows : block * rows;
 }
 
 /* The key block, K/V head and batch of CTA `cta` of the 1-D grid: sections

@@ -53,17 +53,19 @@ static __device__ __forceinline__ uint16_t to_bits(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
-// The queries of `batch`'s sequence: how many, and the token of the first
-// when packed (else 0), as the main kernel sees them (bwd_sequence).
+// The queries of `batch`'s sequence: how many are used (seqused_q) and
+// stored, and the token of the first when packed (else 0), as the main
+// kernel sees them (bwd_sequence).
 struct PrepRow {
-    int sq;
+    int sq, sq_stored;
     int64_t tok;
 };
 static __device__ __forceinline__ PrepRow prep_sequence(const fa3c_bwd_prep_params &p, int batch) {
     PrepRow r;
     int tok = 0;
-    r.sq = p.seqlen_q;
-    if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &tok, &r.sq);
+    r.sq_stored = p.seqlen_q;
+    if (p.cu_seqlens_q) fa3c_bwd_packed_sequence(p.cu_seqlens_q, batch, p.batch, p.seqlen_q, &tok, &r.sq_stored);
+    r.sq = fa3c_bwd_used(p.seqused_q, batch, r.sq_stored);
     r.tok = tok;
     return r;
 }
@@ -79,7 +81,7 @@ static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params 
 // the sequence or owned by the block before.
 static __device__ __forceinline__ int scratch_query(const fa3c_bwd_prep_params &p, int row, int sq) {
     const int block = row / p.block_m;
-    const int q = fa3c_bwd_rows_start(block, p.block_m, sq, p.cu_seqlens_q != nullptr) + row % p.block_m;
+    const int q = fa3c_bwd_rows_start(block, p.block_m, sq, p.cu_seqlens_q || p.seqused_q) + row % p.block_m;
     return q >= block * p.block_m && q < sq ? q : -1;
 }
 
@@ -129,6 +131,21 @@ __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_p
     }
 }
 
+// Zeros in dq's rows [q_lo, q_hi) of a sequence, columns [col0, col0 + 64)
+// (those below headdim), by the CTA's threads, 8 columns at a time.
+template <int VEC>
+static __device__ __forceinline__ void write_zero_rows(const fa3c_bwd_prep_params &p, const PrepRow &s, int batch,
+                                                       int head, int q_lo, int q_hi, int col0) {
+    for (int j = threadIdx.x; j < (q_hi - q_lo) * 8; j += DQ_THREADS) {
+        const int q = q_lo + j / 8, col = col0 + 8 * (j % 8);
+        if (col >= p.headdim) continue;
+        uint16_t *dst = (uint16_t *)p.dq + row_offset(p, p.dq_stride, batch, s.tok, q, head) + col;
+        if (VEC) *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+        else
+            for (int e = 0; e < 8; e++) dst[e] = 0;
+    }
+}
+
 // Grid: (rows_pad / 64 x accum_cols / 64, heads_q, batch): one 64 x 64
 // piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset) per CTA
 // (zeros for a tile no key block wrote, dq_written),
@@ -141,14 +158,17 @@ __global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_
     const int head = blockIdx.y, batch = blockIdx.z, col_pieces = p.accum_cols / 64;
     const int row64 = blockIdx.x / col_pieces, col0 = (blockIdx.x % col_pieces) * 64;
     const PrepRow s = prep_sequence(p, batch);
-    if (row64 * 64 >= p.rows_pad || fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq,
-                                                         p.cu_seqlens_q != nullptr) >= s.sq)
+    const int t = threadIdx.x;
+    if (s.sq < s.sq_stored)   // queries past those used: zeros in dq rows [sq, sq_stored) of these 64
+        write_zero_rows<VEC>(p, s, batch, head, max(row64 * 64, s.sq), min(row64 * 64 + 64, s.sq_stored), col0);
+    if (row64 * 64 >= p.rows_pad ||
+        fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq, p.cu_seqlens_q || p.seqused_q) >= s.sq)
         return;   // past the sequence (packed sequences shorter than the longest)
     const int64_t bh = (int64_t)batch * p.heads_q + head;
     const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row64 * 64) * p.accum_cols) +
                           (blockIdx.x % col_pieces) * 1024;
     const bool untouched = p.dq_written && p.dq_written[bh * (p.rows_pad / p.block_m) + row64 * 64 / p.block_m] == 0;
-    const int t = threadIdx.x, r = 16 * (t / 32) + (t % 32) / 4, c = 2 * (t % 4);
+    const int r = 16 * (t / 32) + (t % 32) / 4, c = 2 * (t % 4);
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const float4 v = untouched ? make_float4(0.f, 0.f, 0.f, 0.f) : piece[128 * k + t];

@@ -65,6 +65,7 @@ struct BwdSmem {
     alignas(128) float dsum[BWD_STAGES][M];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
+    uint64_t landed;                                   // a step whose foreign rows the producer zeroes first
     BwdSeq seq;
     // FA3C_BWD_DQ_WRITER: the block's dQ in tile order for the writer's bulk
     // reduction, and its barriers (written / read). Last, so that the other
@@ -351,7 +352,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         wgmma_commit();
 
         // Which elements this thread's rows see (seen_columns).
-        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
+        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_shifted));
         const int rel_lo = BWD_SEQ(sm, rel_lo);
         int lo[2], hi[2];
         {

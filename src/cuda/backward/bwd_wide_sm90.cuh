@@ -55,6 +55,7 @@ struct BwdWideSmem {
     alignas(128) float dsum[BWD_STAGES][M];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
+    uint64_t landed;                                   // a step whose foreign rows the producer zeroes first
     BwdSeq seq;
     // With the writer (FA3C_BWD_WRITER_ON: hdim 192), the block's dQ in
     // tile order for it (bwd_dq_writer), and its barriers (written / read).
@@ -362,7 +363,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
         wgmma_commit();
 
         // This thread's query rows: their LSE, dsum and the keys they see.
-        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_packed));
+        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_shifted));
         const int rel_lo = BWD_SEQ(sm, rel_lo), row0 = warp * 16 + lane / 4;
         float lse[2], dsum[2];
         int lo[2], hi[2];
