@@ -705,6 +705,12 @@ def main():
             sh["bwd"] = False
     if args.no_fwd:
         shapes = [dict(sh, time_fwd=False) for sh in shapes if sh["bwd"]]
+    elif not args.no_bwd:
+        # Two passes: every shape's forwards, then every backward (its forward run once for the
+        # check, not timed), as --no-bwd and --no-fwd would. Timed right after its own forward,
+        # cuDNN's backward measured up to 13% slower than alone or than the peers measured on
+        # their own (bench/RESULTS.md runs 127-128); fa3c's did not move.
+        shapes = [dict(sh, bwd=False) for sh in shapes] + [dict(sh, time_fwd=False) for sh in shapes if sh["bwd"]]
     timer = Timer(args.device, args.quick)
     path_json = os.path.join(args.out, "results.json")
     for sh in shapes:
