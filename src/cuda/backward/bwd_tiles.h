@@ -126,6 +126,14 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
+/* Head dims 64-128 without softcap: each step's Sᵀ = K·Qᵀ issued by the step
+ * before, under its dK GEMM (1), so that Sᵀ's latency leaves the step's
+ * chain (docs/BACKWARD.md, "The cycle budget"); 0: issued at the step's
+ * start. */
+#ifndef FA3C_BWD_S_AHEAD
+#define FA3C_BWD_S_AHEAD 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
