@@ -134,6 +134,13 @@
 #define FA3C_BWD_S_AHEAD 0
 #endif
 
+/* Q and dO loaded with an L2 evict-last policy (1; FA3's hint): every key
+ * block of a head reads them again, while K and V are read once; 0: no
+ * hint. */
+#ifndef FA3C_BWD_QDO_EVICT_LAST
+#define FA3C_BWD_QDO_EVICT_LAST 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
