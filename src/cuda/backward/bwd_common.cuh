@@ -13,7 +13,9 @@
 // Named-barrier ids (0 is __syncthreads), both for the two consumer
 // warpgroups: their dS rows are in smem (and the older dS buffer is free
 // again); the steps of a deterministic dQ turn (add_dq_in_turn).
-enum BwdNamedBarrier { BAR_BWD_DS_READY = 1, BAR_BWD_DQ_TURN = 2 };
+// BAR_BWD_STAGED + wg: one consumer warpgroup's dK / dV rows in smem
+// (FA3C_BWD_STAGED_EPILOGUE).
+enum BwdNamedBarrier { BAR_BWD_DS_READY = 1, BAR_BWD_DQ_TURN = 2, BAR_BWD_STAGED = 3 };
 
 enum {
     BWD_STAGES = FA3C_BWD_STAGES,

@@ -94,6 +94,11 @@ fa3c_status fa3c_cuda_bwd_supported(const fa3c_bwd_params *p) {
     return FA3C_STATUS_OK;
 }
 
+/* Does every row of t (16-bit elements) start 16-byte aligned? */
+static int rows_vec16(const fa3c_tensor *t) {
+    return (uintptr_t)t->data % 16 == 0 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0;
+}
+
 /* The kernel's parameters: TMA maps, sizes, the sequences, scale and mask
  * (bwd_params.h). */
 static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_params *p, int block_m,
@@ -132,6 +137,7 @@ static fa3c_status fill_kernel_params(fa3c_bwd_kernel_params *k, const fa3c_bwd_
     k->dv = p->dv.data;
     memcpy(k->dk_stride, p->dk.stride, sizeof k->dk_stride);
     memcpy(k->dv_stride, p->dv.stride, sizeof k->dv_stride);
+    k->dkv_vec16 = rows_vec16(&p->dk) && rows_vec16(&p->dv);
     k->softmax_scale = pr->softmax_scale;
     k->softcap = pr->softcap;   /* 0 = off (validated >= 0) */
     fa3c_score_log2_factors(pr, &k->score_log2, &k->softcap_pre);   /* as the forward's */

@@ -83,6 +83,9 @@ typedef struct fa3c_bwd_kernel_params {
      * before, which may hold anything past that one's queries used, are
      * zeroed in smem (bwd_producer.cuh). */
     const int *seqused_q;
+    /* 1: dk's and dv's rows start 16-byte aligned (pointers and strides), so the
+     * staged epilogue (FA3C_BWD_STAGED_EPILOGUE) writes them in 16-byte pieces. */
+    int dkv_vec16;
 } fa3c_bwd_kernel_params;
 
 /* The preprocessing and dq kernels (bwd_prep.cu): inputs as the API has

@@ -141,6 +141,15 @@
 #define FA3C_BWD_QDO_EVICT_LAST 0
 #endif
 
+/* Head dims 64-128: dK and dV leave through smem (the K and V tiles, free
+ * once both warpgroups' last GEMMs are done) as whole 16-byte row pieces, a
+ * warp's covering contiguous rows (1), rather than as 4-byte pairs from the
+ * accumulators, a warp's touching 8 rows per store (0; ncu, run 125: 6% of
+ * the samples at hdim 128 causal 2k sat on those stores). */
+#ifndef FA3C_BWD_STAGED_EPILOGUE
+#define FA3C_BWD_STAGED_EPILOGUE 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)

@@ -311,6 +311,13 @@ FA3C_DEVICE int ld_shared_s32(uint32_t addr) {
     return x;
 }
 
+FA3C_DEVICE uint4 ld_shared_u32x4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 // 16 zero bytes at a 16-byte aligned shared address (PTX ISA 9.7.9.10, st).
 FA3C_DEVICE void st_shared_zero16(uint32_t addr) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0) : "memory");
