@@ -68,7 +68,7 @@ FA3C_HOST_DEVICE BwdSeq bwd_sequence(const fa3c_bwd_kernel_params &p, int n_bloc
     q.sk = fa3c_bwd_used(p.seqused_k, batch, q.sk_stored);
     q.q_batch = p.cu_seqlens_q ? 0 : batch;
     q.k_batch = p.cu_seqlens_k ? 0 : batch;
-    q.q_shifted = p.cu_seqlens_q || p.seqused_q;
+    q.q_shifted = fa3c_bwd_queries_shifted(p.cu_seqlens_q, p.seqused_q);
     q.k_start = fa3c_bwd_rows_start(n_block, block_n, q.sk_stored, p.cu_seqlens_k != nullptr);
     const long long diag = (long long)q.sk - q.sq;   // bottom-right aligned, per sequence (src/problem.h)
     q.rel_lo = p.window_left >= 0 ? clamp_to_int(diag - p.window_left) : INT_MIN;

@@ -141,6 +141,13 @@ static inline FA3C_BWD_HD int fa3c_bwd_used(const int *used, int b, int len) {
     return n < 0 ? 0 : n < len ? n : len;
 }
 
+/* Are query tiles shifted (fa3c_bwd_rows_start)? With packed sequences or
+ * queries used per sequence: the main kernel and the preprocessing and dq
+ * kernels must agree. */
+static inline FA3C_BWD_HD int fa3c_bwd_queries_shifted(const int *cu_seqlens_q, const int *seqused_q) {
+    return cu_seqlens_q || seqused_q;
+}
+
 /* The first row (query or key, counted in its sequence) of the smem tile of
  * block `block` of `rows` rows, in a sequence of `len` rows: block x rows,
  * or where the maps cannot stop a box at the sequence's end (`shifted`:

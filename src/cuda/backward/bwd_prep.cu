@@ -81,7 +81,7 @@ static __device__ __forceinline__ int64_t row_offset(const fa3c_bwd_prep_params 
 // the sequence or owned by the block before.
 static __device__ __forceinline__ int scratch_query(const fa3c_bwd_prep_params &p, int row, int sq) {
     const int block = row / p.block_m;
-    const int q = fa3c_bwd_rows_start(block, p.block_m, sq, p.cu_seqlens_q || p.seqused_q) + row % p.block_m;
+    const int q = fa3c_bwd_rows_start(block, p.block_m, sq, fa3c_bwd_queries_shifted(p.cu_seqlens_q, p.seqused_q)) + row % p.block_m;
     return q >= block * p.block_m && q < sq ? q : -1;
 }
 
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_
     if (s.sq < s.sq_stored)   // queries past those used: zeros in dq rows [sq, sq_stored) of these 64
         write_zero_rows<VEC>(p, s, batch, head, max(row64 * 64, s.sq), min(row64 * 64 + 64, s.sq_stored), col0);
     if (row64 * 64 >= p.rows_pad ||
-        fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq, p.cu_seqlens_q || p.seqused_q) >= s.sq)
+        fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq, fa3c_bwd_queries_shifted(p.cu_seqlens_q, p.seqused_q)) >= s.sq)
         return;   // past the sequence (packed sequences shorter than the longest)
     const int64_t bh = (int64_t)batch * p.heads_q + head;
     const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row64 * 64) * p.accum_cols) +

@@ -329,11 +329,12 @@ FA3C_DEVICE void write_staged_rows(void *out, const int64_t *stride, const uint8
 // ---- consumer ----------------------------------------------------------------------
 
 // Step it's Sᵀ = K·Qᵀ for this warpgroup's 64 keys, once its slot has
-// landed: one commit group.
+// landed: one commit group. wait = 0 (FA3C_BWD_S_AHEAD: a step past the
+// walk, whose slot no load fills): issued on what the slot holds, and dropped.
 template <int D, int FP16>
-FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
+FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg, bool wait = true) {
     const int s = it % BWD_STAGES;
-    mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+    if (wait) mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
     wgmma_fence();
     gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
     wgmma_commit();
@@ -372,12 +373,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     // S_AHEAD: each step's Sᵀ is issued by the step before, under its dK (step 0's here).
     constexpr bool S_AHEAD = FA3C_BWD_S_AHEAD && !SOFTCAP;
     float st[M / 2];
-    if constexpr (S_AHEAD) {   // unconditional, as the steps' (a CTA without steps drops it)
-        if (steps > 0) mbar_wait_parity(&sm.full[0], 0);
-        wgmma_fence();
-        gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[0], wg);
-        wgmma_commit();
-    }
+    if (S_AHEAD) issue_scores<D, FP16>(st, sm, 0, wg, steps > 0);   // step 0's (dropped if no steps)
     for (int it = 0; it < steps; it++) {
         const int s = it % BWD_STAGES;
 
@@ -456,13 +452,9 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 
         if constexpr (S_AHEAD) {
             // The next step's Sᵀ under dK: st is free (P's fragments were dV's, done). The
-            // last step issues one on a slot no load fills and drops it, so that the
-            // wgmma is not under a branch (ptxas would serialize them all).
-            const int s1 = (it + 1) % BWD_STAGES;
-            if (it + 1 < steps) mbar_wait_parity(&sm.full[s1], ((it + 1) / BWD_STAGES) & 1);
-            wgmma_fence();
-            gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s1], wg);
-            wgmma_commit();
+            // last step issues one too and drops it, so that the wgmma is not under a
+            // branch (ptxas would serialize them all).
+            issue_scores<D, FP16>(st, sm, it + 1, wg, it + 1 < steps);
             wgmma_wait<1>();   // dK is done; the next Sᵀ runs on
         } else {
             wgmma_wait<0>();
