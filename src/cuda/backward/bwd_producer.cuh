@@ -12,21 +12,6 @@ FA3C_DEVICE void bwd_load_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *b
     for (int c = 0; c < D / 64; c++) tma_load_4d(dst + c * rows * BWD_ROW_BYTES, map, bar, c * 64, row0, head, batch);
 }
 
-// The same for Q and dO, which every key block of the head reads again: with
-// FA3C_BWD_QDO_EVICT_LAST their lines are kept in the L2 before others.
-template <int D>
-FA3C_DEVICE void bwd_load_query_rows(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int rows, int row0,
-                                     int head, int batch) {
-    if constexpr (FA3C_BWD_QDO_EVICT_LAST) {
-        const uint64_t policy = l2_policy_evict_last();
-#pragma unroll
-        for (int c = 0; c < D / 64; c++)
-            tma_load_4d_hint(dst + c * rows * BWD_ROW_BYTES, map, bar, c * 64, row0, head, batch, policy);
-    } else {
-        bwd_load_rows<D>(dst, map, bar, rows, row0, head, batch);
-    }
-}
-
 // Tile rows [0, rows) of a query tile set to zero (D / 8 16-byte units
 // each), by this thread alone.
 template <int D, int M>
@@ -56,8 +41,8 @@ FA3C_DEVICE void load_step_zeroing(const fa3c_bwd_kernel_params &p, Smem &sm, in
     enum { M = FA3C_BWD_BLOCK_M(D) };
     uint8_t *dout = sm.dout[Smem::SPLIT_DO ? 0 : s];
     mbar_arrive_expect_tx(&sm.landed, 2 * M * D * 2 + 2 * M * 4);
-    bwd_load_query_rows<D>(sm.q[s], &p.q_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
-    bwd_load_query_rows<D>(dout, &p.do_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
+    bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
+    bwd_load_rows<D>(dout, &p.do_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
     tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.landed, m * M, row);
     tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.landed, m * M, row);
     mbar_wait_parity(&sm.landed, landings++ & 1);
@@ -98,17 +83,17 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int hea
             }
             if constexpr (Smem::SPLIT_DO) {
                 mbar_arrive_expect_tx(&sm.full[s], M * D * 2 + 2 * M * 4);
-                bwd_load_query_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+                bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
                 tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
                 tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
                 if (it > 0) mbar_wait_parity(&sm.do_empty, (it - 1) & 1);
                 mbar_arrive_expect_tx(&sm.do_full, M * D * 2);
-                bwd_load_query_rows<D>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
+                bwd_load_rows<D>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
                 continue;
             }
             mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
-            bwd_load_query_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            bwd_load_query_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+            bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
             tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
             tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
         }

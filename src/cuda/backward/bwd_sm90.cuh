@@ -329,12 +329,11 @@ FA3C_DEVICE void write_staged_rows(void *out, const int64_t *stride, const uint8
 // ---- consumer ----------------------------------------------------------------------
 
 // Step it's Sᵀ = K·Qᵀ for this warpgroup's 64 keys, once its slot has
-// landed: one commit group. wait = 0 (FA3C_BWD_S_AHEAD: a step past the
-// walk, whose slot no load fills): issued on what the slot holds, and dropped.
+// landed: one commit group.
 template <int D, int FP16>
-FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg, bool wait = true) {
+FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
     const int s = it % BWD_STAGES;
-    if (wait) mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
+    mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
     wgmma_fence();
     gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
     wgmma_commit();
@@ -370,18 +369,12 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
     // The sequence's fields come from smem at each step: registers are full.
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
     int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
-    // S_AHEAD: each step's Sᵀ is issued by the step before, under its dK (step 0's here).
-    constexpr bool S_AHEAD = FA3C_BWD_S_AHEAD && !SOFTCAP;
-    float st[M / 2];
-    if (S_AHEAD) issue_scores<D, FP16>(st, sm, 0, wg, steps > 0);   // step 0's (dropped if no steps)
     for (int it = 0; it < steps; it++) {
         const int s = it % BWD_STAGES;
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
-        float dpt[M / 2];
-        if (!S_AHEAD) issue_scores<D, FP16>(st, sm, it, wg);
-        else wgmma_wait<0>();   // Sᵀ, issued under the last dK (retired here: ptxas serializes the
-                                // wgmmas (C7514) if it stays in flight past the dPᵀ issue)
+        float st[M / 2], dpt[M / 2];
+        issue_scores<D, FP16>(st, sm, it, wg);
         wgmma_fence();
         gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
         wgmma_commit();
@@ -450,22 +443,13 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         }
 
-        if constexpr (S_AHEAD) {
-            // The next step's Sᵀ under dK: st is free (P's fragments were dV's, done). The
-            // last step issues one too and drops it, so that the wgmma is not under a
-            // branch (ptxas would serialize them all).
-            issue_scores<D, FP16>(st, sm, it + 1, wg, it + 1 < steps);
-            wgmma_wait<1>();   // dK is done; the next Sᵀ runs on
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         // dK has read Q: the slot's Q, dO, LSE and dsum are free.
         __syncwarp();
         if (lane == 0) mbar_arrive(&sm.empty[s]);
         if (++m == m_end) m = m_begin;   // the walk wraps (bwd_walk_start)
         if (m == BWD_SEQ(sm, m_first)) head++;
     }
-    if (S_AHEAD) wgmma_wait<0>();   // the last step's dropped Sᵀ
     bwd_fence_regs<D / 2>(dk);
     bwd_fence_regs<D / 2>(dv);
     const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, sk_stored = BWD_SEQ(sm, sk_stored);

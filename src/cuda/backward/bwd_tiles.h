@@ -126,21 +126,6 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
-/* Head dims 64-128 without softcap: each step's Sᵀ = K·Qᵀ issued by the step
- * before, under its dK GEMM (1), so that Sᵀ's latency leaves the step's
- * chain (docs/BACKWARD.md, "The cycle budget"); 0: issued at the step's
- * start. */
-#ifndef FA3C_BWD_S_AHEAD
-#define FA3C_BWD_S_AHEAD 0
-#endif
-
-/* Q and dO loaded with an L2 evict-last policy (1; FA3's hint): every key
- * block of a head reads them again, while K and V are read once; 0: no
- * hint. */
-#ifndef FA3C_BWD_QDO_EVICT_LAST
-#define FA3C_BWD_QDO_EVICT_LAST 0
-#endif
-
 /* Head dims 64-128: dK and dV leave through smem (the K and V tiles, free
  * once both warpgroups' last GEMMs are done) as whole 16-byte row pieces, a
  * warp's covering contiguous rows (1), rather than as 4-byte pairs from the

@@ -111,25 +111,6 @@ FA3C_DEVICE void tma_load_4d(void *dst, const CUtensorMap *map, uint64_t *bar,
         : "memory");
 }
 
-// An L2 policy for loads whose lines should outlive others (PTX ISA 9.7.9.17,
-// createpolicy): lines read again soon by other CTAs.
-FA3C_DEVICE uint64_t l2_policy_evict_last(void) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-// tma_load_4d with an L2 cache policy (l2_policy_evict_last).
-FA3C_DEVICE void tma_load_4d_hint(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1, int c2, int c3,
-                                  uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
-        ::"r"(smem_addr(dst)), "l"((uint64_t)map), "r"(smem_addr(bar)),
-          "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
-        : "memory");
-}
-
 FA3C_DEVICE void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
