@@ -9,7 +9,7 @@ NS = (64, 80, 96, 112, 128, 176, 192, 256)
 NS_SS = (32, 40)   # wgmma_ss alone: the wide backward's S = Q·Kᵀ of 32 or 40 keys per warpgroup (bwd_wide_sm90.cuh)
 NS_MN = (64,)   # wgmma_ss_mn: the backward's dQ = dS·K (bwd_sm90.cuh; the wide one's halves from dSᵀ) and the wide one's dVᵀ, dKᵀ tiles
 NS_BMN = (64, 128)   # wgmma_ss_bmn: the wide backward's dQ = dS·K, 64 or 128 columns per warpgroup
-NS_AMN = (80,)   # wgmma_ss_amn: the wide backward's dVᵀ, dKᵀ tiles of 80 keys (Pᵀ and dSᵀ K-major)
+NS_AMN = (64, 80)   # wgmma_ss_amn: the wide backward's dVᵀ, dKᵀ tiles of 80 keys (Pᵀ and dSᵀ K-major); hdim 128's dQᵀ = Kᵀ·dSᵀ of 64 or 80 queries
 NS_E4M3 = (128, 256)   # the fp8 forward (fwd_fp8_sm90.cuh): S with 128 keys, O with hdim 128 / 256
 TYPES = (("bf16", "bf16"), ("f16", "f16"))
 

@@ -49,7 +49,7 @@ static int count_pair(int *count, int sk_stored, int q, int key, int own_q_lo, i
 }
 
 // One sequence of the backward: sq queries of which sq_used used (seqused_q), sk_stored keys of which sk used,
-// query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64 or 128) and key blocks
+// query blocks of block_m rows (FA3C_BWD_BLOCK_M: 64, 80 or 128) and key blocks
 // of block_n (128, or 64 and 80 for the wide kernel, wide = 1). Walks what the CTAs
 // of its key blocks would (staggered, as with the first-write flags:
 // bwd_walk_start), and counts each (query, key) pair they see; returns the
@@ -160,10 +160,11 @@ TEST(bwd_walk_sees_each_pair_once) {
             for (int w = 0; w < 7; w++)
                 for (int packed = 0; packed < 2; packed++)
                     for (int used = 0; used < 4; used++)   // seqused_k (odd), seqused_q (2, 3)
-                        for (int kind = 0; kind < 4; kind++) {   // hdim 128's, hdim 64's, the wide kernel's 64 and 80 keys
+                        for (int kind = 0; kind < 5; kind++) {   // hdim 128's 64 and 80 rows, hdim 64's, the wide kernel's 64 and 80 keys
                             const int sq = lens[a], stored = lens[b], sk = used % 2 ? (stored * 2 + 2) / 3 : stored;
                             const int sq_used = used >= 2 ? (sq + 1) / 3 : sq;
-                            const int block_m = kind == 1 ? 128 : 64, block_n = kind == 2 ? 64 : kind == 3 ? 80 : 128;
+                            const int block_m = kind == 1 ? 128 : kind == 4 ? 80 : 64;
+                            const int block_n = kind == 2 ? 64 : kind == 3 ? 80 : 128;
                             errors += check_bwd_sequence(sq, sq_used, stored, sk, windows[w][0], windows[w][1],
                                                          windows[w][2], packed, block_m, block_n, kind >= 2);
                             cases++;
@@ -174,29 +175,35 @@ TEST(bwd_walk_sees_each_pair_once) {
 
 // dQ's tile order (fa3c_bwd_dq_tile_offset): each tile
 // element has one slot, and a warpgroup's accumulator element i of thread t
-// (wgmma m64n64 layout: row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
-// column 8 (i / 4) + 2 (t % 4) + i % 2) of piece p lands where the kernel
-// adds it: p 4096 + ((i / 4) 128 + t) 4 + i % 4.
+// (wgmma m64nN layout: row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
+// column 8 (i / 4) + 2 (t % 4) + i % 2) of piece p (of P floats) lands where
+// the kernel adds it: p P + ((i / 4) 128 + t) 4 + i % 4. Pieces of 64 query
+// rows x 64 columns (N = 64), or at hdim 128 dQᵀ's: 64 columns x all the
+// block's rows (N = rows: its accumulator's rows are columns).
 TEST(bwd_dq_tile_order) {
-    const int shapes[3][2] = {{64, 128}, {128, 64}, {64, 64}};   // (rows, d): hdim 128; hdim 64, 128 and 64 rows
+    const int shapes[4][2] = {{64, 128}, {80, 128}, {128, 64}, {64, 64}};   // (rows, d): hdim 128 (transposed); hdim 64
     int errors = 0;
-    for (int s = 0; s < 3; s++) {
-        const int rows = shapes[s][0], d = shapes[s][1];
+    for (int s = 0; s < 4; s++) {
+        const int rows = shapes[s][0], d = shapes[s][1], transposed = FA3C_BWD_DQ_TRANSPOSED(d);
+        const int piece_size = transposed ? 64 * rows : 4096, n = transposed ? rows : 64;
+        CHECK(transposed == (d == 128), "hdim %d: dQ transposed %d", d, transposed);
         int *seen = (int *)calloc((size_t)rows * d, sizeof(int));
         for (int r = 0; r < rows; r++)
             for (int c = 0; c < d; c++) {
-                const int o = fa3c_bwd_dq_tile_offset(r, c, d);
+                const int o = fa3c_bwd_dq_tile_offset(r, c, d, rows);
                 if (o < 0 || o >= rows * d) errors++;
                 else seen[o]++;
             }
         for (int o = 0; o < rows * d; o++) errors += seen[o] != 1;
-        for (int piece = 0; piece < rows * d / 4096; piece++) {
-            const int r0 = (piece / (d / 64)) * 64, c0 = (piece % (d / 64)) * 64;
+        for (int piece = 0; piece < rows * d / piece_size; piece++) {
+            const int r0 = transposed ? 0 : (piece / (d / 64)) * 64, c0 = transposed ? piece * 64 : (piece % (d / 64)) * 64;
             for (int t = 0; t < 128; t++)
-                for (int i = 0; i < 32; i++) {
-                    const int lane = t % 32, row = 16 * (t / 32) + lane / 4 + 8 * ((i / 2) % 2);
-                    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-                    errors += fa3c_bwd_dq_tile_offset(r0 + row, c0 + col, d) != piece * 4096 + ((i / 4) * 128 + t) * 4 + i % 4;
+                for (int i = 0; i < n / 2; i++) {
+                    const int lane = t % 32, arow = 16 * (t / 32) + lane / 4 + 8 * ((i / 2) % 2);
+                    const int acol = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+                    const int r = transposed ? acol : arow, c = transposed ? arow : acol;
+                    errors += fa3c_bwd_dq_tile_offset(r0 + r, c0 + c, d, rows) !=
+                              piece * piece_size + ((i / 4) * 128 + t) * 4 + i % 4;
                 }
         }
         free(seen);
@@ -211,7 +218,7 @@ TEST(bwd_dq_tile_order) {
                 for (int i = 0; i < ncols / 2; i++) {
                     const int lane = t % 32, row = 16 * (t / 32) + lane / 4 + 8 * ((i / 2) % 2);
                     const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2, c = col0 + 8 * (i / 4);
-                    errors += fa3c_bwd_dq_tile_offset(row, col, d) != (c / 64) * 4096 + ((c % 64) / 8) * 512 + 4 * t + i % 4;
+                    errors += fa3c_bwd_dq_tile_offset(row, col, d, 64) != (c / 64) * 4096 + ((c % 64) / 8) * 512 + 4 * t + i % 4;
                 }
         }
     CHECK(errors == 0, "%d errors in dQ's tile order", errors);

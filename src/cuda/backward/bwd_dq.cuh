@@ -66,14 +66,15 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
     tma_store_wait_all();
 }
 
-// This thread's dq (one 64 x 64 piece of the block's
-// tile, in the accumulator's order) added to the tile with 8 vector
+// This thread's REGS dq values (one warpgroup's piece of the block's tile,
+// in the accumulator's order) added to the tile with REGS / 4 vector
 // reductions, a warp's 512 contiguous bytes each. No row masks: rows outside
 // the block's own (a shifted tile's shared rows, padding) go to the block's
 // own slots, which bwd_prep.cu's dq kernel never reads (it reads tile row
 // q - q0 for the block's own queries q only); they hold zeros anyway (dS = 0).
+template <int REGS>
 FA3C_DEVICE void add_dq_tiled(float *tile, const float *dq, int piece) {
-    float *dst = tile + piece * 4096 + (threadIdx.x % 128) * 4;
+    float *dst = tile + piece * 128 * REGS + (threadIdx.x % 128) * 4;
 #pragma unroll
-    for (int k = 0; k < 8; k++) red_add_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+    for (int k = 0; k < REGS / 4; k++) red_add_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
 }

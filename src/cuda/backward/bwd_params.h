@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 #include <stdint.h>
+#include "bwd_tiles.h"   /* FA3C_BWD_DQ_TRANSPOSED */
 
 #ifdef __cplusplus
 extern "C" {
@@ -179,18 +180,24 @@ static inline FA3C_BWD_HD void fa3c_bwd_tile_of_cta(int cta, int n_blocks, int h
     *b = pair / heads_kv;
 }
 
-/* dQ's accumulator in tile order (bwd_tiles.h): query
- * block m of a (batch, head) holds its tile's rows x d floats at m x rows x
- * d, as 64 x 64 pieces (piece (r / 64) (d / 64) + c / 64: the part one
- * consumer warpgroup computes), each in the order of the wgmma accumulator:
- * float4 k of thread t (warp t / 32, lane t % 32) at (k 128 + t) 4, holding
- * rows 16 warp + lane / 4 (+ 8) and columns 8 k + 2 (lane % 4) (+ 1). So a
- * warp adds 512 contiguous bytes per vector reduction, or a whole block
- * goes out in one bulk reduction. The offset of tile row r, column c: */
-static inline FA3C_BWD_HD int fa3c_bwd_dq_tile_offset(int r, int c, int d) {
-    const int piece = (r / 64) * (d / 64) + c / 64, rr = r % 64, cc = c % 64;
+/* dQ's accumulator in tile order (bwd_tiles.h): query block m of a
+ * (batch, head) holds its tile's block_m x d floats at m x block_m x d, as
+ * pieces of what one consumer warpgroup computes, each in the order of the
+ * wgmma accumulator: float4 k of thread t (warp t / 32, lane t % 32) at
+ * (k 128 + t) 4, holding accumulator rows 16 warp + lane / 4 (+ 8) and
+ * columns 8 k + 2 (lane % 4) (+ 1). So a warp adds 512 contiguous bytes per
+ * vector reduction, or a whole block goes out in one bulk reduction.
+ * Pieces: 64 query rows x 64 columns (piece (r / 64) (d / 64) + c / 64); or
+ * with dQ transposed (FA3C_BWD_DQ_TRANSPOSED) 64 columns x block_m query
+ * rows (piece c / 64, the accumulator's rows the columns). The offset of
+ * tile row r, column c: */
+static inline FA3C_BWD_HD int fa3c_bwd_dq_tile_offset(int r, int c, int d, int block_m) {
+    const int transposed = FA3C_BWD_DQ_TRANSPOSED(d);
+    const int piece = transposed ? c / 64 : (r / 64) * (d / 64) + c / 64;
+    const int piece_size = transposed ? 64 * block_m : 4096;
+    const int rr = transposed ? c % 64 : r % 64, cc = transposed ? r : c % 64;   /* accumulator row, column */
     const int t = (rr / 16) * 32 + (rr % 8) * 4 + (cc % 8) / 2, e = ((rr % 16) / 8) * 2 + cc % 2;
-    return piece * 4096 + ((cc / 8) * 128 + t) * 4 + e;
+    return piece * piece_size + ((cc / 8) * 128 + t) * 4 + e;
 }
 
 #ifdef __cplusplus

@@ -16,8 +16,9 @@ enum {
     PREP_ROWS = 32,                  // query rows per preprocessing CTA
     PREP_LANES = 8,                  // threads per row, 8 elements each per pass
     PREP_THREADS = PREP_ROWS * PREP_LANES,
-    DQ_THREADS = 128,                // one 64 x 64 piece of the accumulator per dq CTA
-    DQ_PITCH = 64 + 8,               // smem row pitch of the dq kernel's staging tile, in 16-bit elements
+    DQ_THREADS = 128,                // one piece of the accumulator per dq CTA (fa3c_bwd_dq_tile_offset)
+    DQ_ROWS = 128,                   // the dq kernel's staging tile: rows of a piece, at most
+    DQ_PITCH = 64 + 8,               // its row pitch, in 16-bit elements
     DSINK_THREADS = 512              // one CTA per head sums its rows of every batch
 };
 
@@ -85,26 +86,29 @@ static __device__ __forceinline__ int scratch_query(const fa3c_bwd_prep_params &
     return q >= block * p.block_m && q < sq ? q : -1;
 }
 
-// Grid: (rows_pad / PREP_ROWS, heads_q, batch). Per scratch row: dsum =
+// Grid: (rows_pad / PREP_ROWS rounded up, heads_q, batch). Per scratch row: dsum =
 // rowsum(dO ⊙ O) and lse_log2 = lse · log2(e), or dsum = 0 and lse_log2 =
 // +inf for rows without a query of their own and for fully masked rows.
-// Each CTA also zeroes its rows' share of dQ's accumulator (any PREP_ROWS x
+// Each CTA also zeroes its rows' share of dQ's accumulator (any rows x
 // accum_cols floats of it: the tile order permutes within a block; not with
 // dq_written, whose first writer stores) and the turn counter or
-// first-write flag of a query block it starts.
+// first-write flag of a query block that starts in its rows. rows_pad is a
+// multiple of block_m (64, 80 or 128), not always of PREP_ROWS: the last
+// CTA's rows stop at rows_pad.
 template <int FP16, int VEC>
 __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_prep_params p) {
     const int head = blockIdx.y, batch = blockIdx.z, row0 = blockIdx.x * PREP_ROWS;
+    const int rows = min(PREP_ROWS, p.rows_pad - row0);
     const int64_t bh = (int64_t)batch * p.heads_q + head;
     if (!p.dq_written) {
         float4 *zero = (float4 *)(p.dq_accum + (bh * p.rows_pad + row0) * p.accum_cols);
-        for (int i = threadIdx.x; i < PREP_ROWS * p.accum_cols / 4; i += PREP_THREADS)
-            zero[i] = make_float4(0, 0, 0, 0);
+        for (int i = threadIdx.x; i < rows * p.accum_cols / 4; i += PREP_THREADS) zero[i] = make_float4(0, 0, 0, 0);
     }
     int *const flags = p.dq_semaphore ? p.dq_semaphore : p.dq_written;
-    if (flags && threadIdx.x == 0 && row0 % p.block_m == 0) flags[bh * (p.rows_pad / p.block_m) + row0 / p.block_m] = 0;
+    const int block = (row0 + p.block_m - 1) / p.block_m;   // the first block starting at or after row0
+    if (flags && threadIdx.x == 0 && block * p.block_m < row0 + rows) flags[bh * (p.rows_pad / p.block_m) + block] = 0;
 
-    const int row = row0 + threadIdx.x / PREP_LANES, lane = threadIdx.x % PREP_LANES;
+    const int row = row0 + threadIdx.x / PREP_LANES, lane = threadIdx.x % PREP_LANES;   // row < rows_pad: written
     const PrepRow s = prep_sequence(p, batch);
     const int q = scratch_query(p, row, s.sq);
     float sum = 0.f;
@@ -121,7 +125,7 @@ __global__ void __launch_bounds__(PREP_THREADS) bwd_prep_kernel(const fa3c_bwd_p
     }
 #pragma unroll
     for (int width = PREP_LANES / 2; width > 0; width /= 2) sum += __shfl_xor_sync(~0u, sum, width);
-    if (lane == 0) {
+    if (lane == 0 && row < p.rows_pad) {
         // The forward's LSE: (batch, heads_q, seqlen_q), or packed (heads_q, total_q).
         const int64_t l = p.cu_seqlens_q ? (int64_t)head * p.cu_seqlens_q[p.batch] + s.tok + q
                                          : bh * p.seqlen_q + q;
@@ -146,41 +150,56 @@ static __device__ __forceinline__ void write_zero_rows(const fa3c_bwd_prep_param
     }
 }
 
-// Grid: (rows_pad / 64 x accum_cols / 64, heads_q, batch): one 64 x 64
-// piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset) per CTA
-// (zeros for a tile no key block wrote, dq_written),
-// read whole (thread t's float4 k is at (128 k + t) 4: rows 16 warp + lane / 4
-// (+ 8), columns 8 k + 2 (lane % 4) (+ 1)), scaled and staged in smem as
-// 16-bit rows, then written as 16-byte row pieces (VEC) or 2-byte elements.
+// The rows of one piece of the tile-order accumulator (fa3c_bwd_dq_tile_offset):
+// 64, or a whole query block where dQ is transposed.
+static __host__ __device__ __forceinline__ int dq_piece_rows(const fa3c_bwd_prep_params &p) {
+    return FA3C_BWD_DQ_TRANSPOSED(p.accum_cols) ? p.block_m : 64;
+}
+
+// Grid: (rows_pad / R x accum_cols / 64, heads_q, batch), R = dq_piece_rows:
+// one piece of R rows x 64 columns of the tile-order accumulator
+// (fa3c_bwd_dq_tile_offset) per CTA (zeros for a tile no key block wrote,
+// dq_written), read whole (thread t's float4 k is at (128 k + t) 4: the
+// accumulator's rows 16 warp + lane / 4 (+ 8), columns 8 k + 2 (lane % 4)
+// (+ 1), which are query rows and columns, or transposed columns and query
+// rows), scaled and staged in smem as 16-bit rows, then written as 16-byte
+// row pieces (VEC) or 2-byte elements.
 template <int FP16, int VEC>
 __global__ void __launch_bounds__(DQ_THREADS) bwd_dq_kernel(const fa3c_bwd_prep_params p) {
-    __shared__ __align__(16) uint16_t tile[64 * DQ_PITCH];
-    const int head = blockIdx.y, batch = blockIdx.z, col_pieces = p.accum_cols / 64;
-    const int row64 = blockIdx.x / col_pieces, col0 = (blockIdx.x % col_pieces) * 64;
+    __shared__ __align__(16) uint16_t tile[DQ_ROWS * DQ_PITCH];
+    const int head = blockIdx.y, batch = blockIdx.z, col_pieces = p.accum_cols / 64, R = dq_piece_rows(p);
+    const bool transposed = FA3C_BWD_DQ_TRANSPOSED(p.accum_cols);
+    const int row0 = blockIdx.x / col_pieces * R, col0 = (blockIdx.x % col_pieces) * 64;
     const PrepRow s = prep_sequence(p, batch);
     const int t = threadIdx.x;
-    if (s.sq < s.sq_stored)   // queries past those used: zeros in dq rows [sq, sq_stored) of these 64
-        write_zero_rows<VEC>(p, s, batch, head, max(row64 * 64, s.sq), min(row64 * 64 + 64, s.sq_stored), col0);
-    if (row64 * 64 >= p.rows_pad ||
-        fa3c_bwd_rows_start(row64 * 64 / p.block_m, p.block_m, s.sq, fa3c_bwd_queries_shifted(p.cu_seqlens_q, p.seqused_q)) >= s.sq)
+    if (s.sq < s.sq_stored)   // queries past those used: zeros in dq rows [sq, sq_stored) of these R
+        write_zero_rows<VEC>(p, s, batch, head, max(row0, s.sq), min(row0 + R, s.sq_stored), col0);
+    if (row0 >= p.rows_pad ||
+        fa3c_bwd_rows_start(row0 / p.block_m, p.block_m, s.sq, fa3c_bwd_queries_shifted(p.cu_seqlens_q, p.seqused_q)) >= s.sq)
         return;   // past the sequence (packed sequences shorter than the longest)
     const int64_t bh = (int64_t)batch * p.heads_q + head;
-    const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row64 * 64) * p.accum_cols) +
-                          (blockIdx.x % col_pieces) * 1024;
-    const bool untouched = p.dq_written && p.dq_written[bh * (p.rows_pad / p.block_m) + row64 * 64 / p.block_m] == 0;
+    const float4 *piece = (const float4 *)(p.dq_accum + (bh * p.rows_pad + row0) * p.accum_cols +
+                                           (blockIdx.x % col_pieces) * R * 64);
+    const bool untouched = p.dq_written && p.dq_written[bh * (p.rows_pad / p.block_m) + row0 / p.block_m] == 0;
     const int r = 16 * (t / 32) + (t % 32) / 4, c = 2 * (t % 4);
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < R / 8; k++) {
         const float4 v = untouched ? make_float4(0.f, 0.f, 0.f, 0.f) : piece[128 * k + t];
-        uint32_t lo = to_bits<FP16>(v.x * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.y * p.softmax_scale) << 16;
-        uint32_t hi = to_bits<FP16>(v.z * p.softmax_scale) | (uint32_t)to_bits<FP16>(v.w * p.softmax_scale) << 16;
-        *(uint32_t *)&tile[r * DQ_PITCH + 8 * k + c] = lo;
-        *(uint32_t *)&tile[(r + 8) * DQ_PITCH + 8 * k + c] = hi;
+        const uint16_t x = to_bits<FP16>(v.x * p.softmax_scale), y = to_bits<FP16>(v.y * p.softmax_scale);
+        const uint16_t z = to_bits<FP16>(v.z * p.softmax_scale), w = to_bits<FP16>(v.w * p.softmax_scale);
+        if (transposed) {   // accumulator rows r, r + 8 are columns; its columns 8 k + c (+ 1) query rows
+            tile[(8 * k + c) * DQ_PITCH + r] = x;
+            tile[(8 * k + c + 1) * DQ_PITCH + r] = y;
+            tile[(8 * k + c) * DQ_PITCH + r + 8] = z;
+            tile[(8 * k + c + 1) * DQ_PITCH + r + 8] = w;
+        } else {
+            *(uint32_t *)&tile[r * DQ_PITCH + 8 * k + c] = x | (uint32_t)y << 16;
+            *(uint32_t *)&tile[(r + 8) * DQ_PITCH + 8 * k + c] = z | (uint32_t)w << 16;
+        }
     }
     __syncthreads();
-    for (int j = t; j < 64 * 8; j += DQ_THREADS) {   // 8 pieces of 8 columns per row
+    for (int j = t; j < R * 8; j += DQ_THREADS) {   // 8 pieces of 8 columns per row
         const int rr = j / 8, cc = 8 * (j % 8), col = col0 + cc;
-        const int q = scratch_query(p, row64 * 64 + rr, s.sq);
+        const int q = scratch_query(p, row0 + rr, s.sq);
         if (q < 0 || col >= p.headdim) continue;
         const int64_t o = row_offset(p, p.dq_stride, batch, s.tok, q, head) + col;
         const uint16_t *src = &tile[rr * DQ_PITCH + cc];
@@ -239,14 +258,15 @@ static bool vector_ok(const void *data, const int64_t *stride) {
     } while (0)
 
 extern "C" fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
-    const dim3 grid((unsigned)(p->rows_pad / PREP_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
+    const dim3 grid((unsigned)((p->rows_pad + PREP_ROWS - 1) / PREP_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
     const bool vec = vector_ok(p->out, p->out_stride) && vector_ok(p->dout, p->dout_stride);
     FA3C_BWD_AUX_LAUNCH(bwd_prep_kernel, grid, PREP_THREADS, fp16, vec, *p, stream);
     return launched("preprocessing kernel");
 }
 
 extern "C" fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
-    const dim3 grid((unsigned)(p->rows_pad / 64 * (p->accum_cols / 64)), (unsigned)p->heads_q, (unsigned)p->batch);
+    const dim3 grid((unsigned)(p->rows_pad / dq_piece_rows(*p) * (p->accum_cols / 64)), (unsigned)p->heads_q,
+                    (unsigned)p->batch);
     FA3C_BWD_AUX_LAUNCH(bwd_dq_kernel, grid, DQ_THREADS, fp16, vector_ok(p->dq, p->dq_stride), *p, stream);
     return launched("dq kernel");
 }

@@ -16,8 +16,8 @@
 //                       under dPᵀ's GEMM
 //                  dSᵀ = Pᵀ ⊙ (dPᵀ - dsum); dSᵀ -> smem
 //                  dV += Pᵀ·dO                      (wgmma, A from registers)
-//                  dQ(64 x 64) = dS·K               (wgmma, both operands
-//                                                    MN-major in smem)
+//                  dQ = dS·K                        (wgmma, smem x smem;
+//                                                    hdim 128: dQᵀ = Kᵀ·dSᵀ)
 //                  dK += dSᵀ·Q, while dQ is added to an fp32 dQ in global
 //                  memory: through smem and one bulk reduction per block
 //                  by warp 1 (FA3C_BWD_DQ_WRITER, bwd_dq_writer), or with
@@ -28,13 +28,13 @@
 // computes dsum and the LSE in log2 units before, and turns the fp32 dQ
 // into dq after.
 //
-// dQ's split between the warpgroups (gemm_dq), over all 128 keys (both
-// warpgroups' dS: a named barrier), so each dQ element is added once per
-// key block: at hdim 128 each takes 64 of the columns of the 64 query rows;
-// at hdim 64 with 128-row blocks each takes 64 of the query rows, all 64
-// columns. (hdim 64 with 64-row blocks, FA3C_BWD_HDIM64_BLOCK_M=64: each
-// takes all columns over its own 64 keys, twice the atomics.) Every dQ
-// wgmma is m64n64 on whole 128-byte rows.
+// dQ's split between the warpgroups, over all 128 keys (both warpgroups'
+// dS: a named barrier), so each dQ element is added once per key block: at
+// hdim 128 each takes 64 of the columns of the M query rows, as dQᵀ (M = 80
+// can only be wgmma's N: gemm_dq_transposed); at hdim 64 with 128-row
+// blocks each takes 64 of the query rows, all 64 columns (gemm_dq). (hdim 64
+// with 64-row blocks, FA3C_BWD_HDIM64_BLOCK_M=64: each takes all columns
+// over its own 64 keys, twice the atomics.)
 #pragma once
 #include "wgmma.cuh"
 #include "softmax.cuh"   // probs_to_fragments
@@ -52,10 +52,12 @@ FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 
 
 // Every tile is stored as D / 64 column chunks of rows x 128 B, as the TMA
 // boxes land (fwd_smem.cuh's layout); dS as M / 64 chunks of 128 key rows
-// of 64 queries (MN-major A of dQ = dS·K).
+// of 64 queries (MN-major A of dQ = dS·K), or with dQ transposed as 2
+// chunks of M query rows of 64 keys (K-major B of dQᵀ = Kᵀ·dSᵀ).
 template <int D>
 struct BwdSmem {
     enum { M = FA3C_BWD_BLOCK_M(D), SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
+    enum { DQ_TRANSPOSED = FA3C_BWD_DQ_TRANSPOSED(D), DQ_REGS = DQ_TRANSPOSED ? M / 2 : 32 };
     alignas(1024) uint8_t k[BWD_N * D * 2];
     alignas(1024) uint8_t v[BWD_N * D * 2];
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
@@ -102,17 +104,16 @@ FA3C_DEVICE void gemm_accumulate_rows(float *acc, uint32_t (*a_frag)[4], const u
         wgmma_rs<D, FP16>(acc, a_frag[kk], smem_desc_advance(y_desc, kk * 16 * BWD_ROW_BYTES), 1);
 }
 
-// dq(64 queries x 64 columns) = dS(queries x keys) · K(keys x columns),
-// both read MN-major from smem: dS as stored (a row per key, a chunk per 64
-// queries), K as loaded (a chunk per 64 columns). The split (M: the query
-// block's rows):
-//   hdim 128: the 64 queries, columns [64 wg, + 64) (K's chunk wg), all keys;
-//   hdim 64, M = 128: queries [64 wg, + 64) (dS's chunk wg), all columns and keys;
-//   hdim 64, M = 64: all queries and columns over keys [64 wg, + 64).
+// hdim 64: dq(64 queries x 64 columns) = dS(queries x keys) · K(keys x
+// columns), both read MN-major from smem: dS as stored (a row per key, a
+// chunk per 64 queries), K as loaded. The split (M: the query block's rows):
+//   M = 128: queries [64 wg, + 64) (dS's chunk wg), all columns and keys;
+//   M = 64: all queries and columns over keys [64 wg, + 64).
 template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg) {
+    static_assert(D == 64, "hdim 128 computes dQ transposed (gemm_dq_transposed)");
     enum { KEY_SPLIT = bwd_dq_key_split(D, M), KEYS = KEY_SPLIT ? 64 : BWD_N };
-    const int ds_chunk = D == 64 && M == 128 ? wg : 0, k_chunk = D == 128 ? wg : 0, key0 = KEY_SPLIT ? wg * 64 : 0;
+    const int ds_chunk = M == 128 ? wg : 0, k_chunk = 0, key0 = KEY_SPLIT ? wg * 64 : 0;
     // M and N are one 64-element chunk each, so the leading offsets are never used.
     const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds) + (ds_chunk * BWD_N + key0) * BWD_ROW_BYTES,
                                                 BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
@@ -122,6 +123,22 @@ FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg)
     for (int kk = 0; kk < KEYS / 16; kk++)
         wgmma_ss_mn<64, FP16>(dq, smem_desc_advance(ds_desc, kk * 16 * BWD_ROW_BYTES),
                               smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES), kk > 0);
+}
+
+// dqt(64 columns x M queries) = Kᵀ(columns [64 wg, + 64) x 128 keys: K's
+// chunk wg, MN-major) · dSᵀ(128 keys x M queries: dS stored by query rows,
+// K-major), over all 128 keys: the hdim-128 kernel's dQ (DQ_TRANSPOSED).
+template <int M, int FP16>
+FA3C_DEVICE void gemm_dq_transposed(float *dqt, const uint8_t *ds, const uint8_t *k, int wg) {
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + wg * BWD_N * BWD_ROW_BYTES, BWD_N * BWD_ROW_BYTES,
+                                               BWD_ATOM_BYTES, 128);
+    const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds), 16, BWD_ATOM_BYTES, 128);
+#pragma unroll
+    for (int kk = 0; kk < BWD_N / 16; kk++) {
+        const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
+        wgmma_ss_amn<M, FP16>(dqt, smem_desc_advance(k_desc, kk * 16 * BWD_ROW_BYTES),
+                              smem_desc_advance(ds_desc, chunk * M * BWD_ROW_BYTES + in_row), kk > 0);
+    }
 }
 
 // ---- consumer element-wise steps ---------------------------------------------------
@@ -139,50 +156,73 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
     hi = (int)max(min(last, (long long)cols), -1ll) - 2 * quad;
 }
 
-// Pᵀ of this thread's elements, in place, while dPᵀ's GEMM may still run:
-// key rows as in probs_and_grads below, LSE from the slot (lse_addr). A
-// pair the mask hides (seen_columns) gets a score of -inf, so ex2 gives
-// P = 0. The compares cost less than they seem: the step waits on the
-// MUFU's ex2 throughput, and the issue slots have room beside it.
-template <int M>
-FA3C_DEVICE void bwd_probs(float *st, uint32_t lse_addr, float score_log2, const int lo[2], const int hi[2]) {
+// Pᵀ of this thread's elements, while dPᵀ's GEMM may still run: key rows
+// key0 and key0 + 8, query columns q0 + 8 j + 2 quad (+1), LSE from the
+// slot (lse_addr). A pair the mask hides (seen_columns) gets a score of
+// -inf, so ex2 gives P = 0; padding query rows, and rows a shifted query
+// tile shares with the block before, have lse_log2 = +inf, so P = 0 there
+// too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
+// p_frag here, and P times tanh's derivative, which dS takes once tanh's
+// argument is gone, to ps as fp16 pairs (its values are in [0, 1]): fp32
+// copies of both beside dPᵀ's accumulators would not fit the registers at
+// 80 query rows. The compares cost less than they seem: the step waits on
+// the MUFU's ex2 throughput, and the issue slots have room beside it.
+template <int M, int FP16, bool SOFTCAP>
+FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
+                           const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
         const float2 lse = ld_shared_f32x2(lse_addr + (8 * j + 2 * quad) * 4);
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < 2; r++) {
+            float prob[2], slope[2] = {1.f, 1.f};
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e;
-                float x = st[i] * score_log2 - (e ? lse.y : lse.x);
+                float score = st[i];
+                if (SOFTCAP) {
+                    const float t = tanh_approx(score * p.softcap_pre);
+                    score = p.softcap * t;
+                    slope[e] = 1.f - t * t;
+                }
+                float x = score * p.score_log2 - (e ? lse.y : lse.x);
                 if (!(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
-                st[i] = ex2f(x);
+                prob[e] = ex2f(x);
+                if (!SOFTCAP) st[i] = prob[e];
             }
+            if (SOFTCAP) {
+                p_frag[j / 2][2 * (j % 2) + r] = pack2<FP16>(prob[0], prob[1]);
+                ps[2 * j + r] = pack_f16x2(prob[0] * slope[0], prob[1] * slope[1]);
+            }
+        }
     }
 }
 
-// dSᵀ = Pᵀ ⊙ (dPᵀ - dsum), in place in dpt. Masked pairs have P = 0 and a
-// finite dP (the K and V rows outside the keys used are zeros in smem:
+// dSᵀ = Pᵀ ⊙ (dPᵀ - dsum), in place in dpt; with SOFTCAP times tanh's
+// derivative (ps, bwd_probs). Masked pairs have P = 0 and a finite dP (the
+// K and V rows outside the keys used are zeros in smem:
 // zero_unused_key_rows), so their dS is 0.
-template <int M>
-FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, uint32_t dsum_addr) {
+template <int M, bool SOFTCAP>
+FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint32_t dsum_addr) {
     const int quad = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
         const float2 ds = ld_shared_f32x2(dsum_addr + (8 * j + 2 * quad) * 4);
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int i = 4 * j + 2 * r + e;
-                dpt[i] = pt[i] * (dpt[i] - (e ? ds.y : ds.x));
-            }
+        for (int r = 0; r < 2; r++) {
+            float2 w;
+            if (SOFTCAP) w = unpack_f16x2(ps[2 * j + r]);
+            else w = make_float2(pt[4 * j + 2 * r], pt[4 * j + 2 * r + 1]);
+            dpt[4 * j + 2 * r] = w.x * (dpt[4 * j + 2 * r] - ds.x);
+            dpt[4 * j + 2 * r + 1] = w.y * (dpt[4 * j + 2 * r + 1] - ds.y);
+        }
     }
 }
 
-// With softcap, both in one pass after both GEMMs (tanh's derivative joins
-// dS). Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
+// With softcap below 80 query rows, both in one pass after both GEMMs
+// (tanh's derivative joins dS), which at 80 rows ptxas could not fit without
+// serializing the wgmmas (C7512); 80 rows take bwd_probs' form. Pᵀ and dSᵀ of this thread's elements, in place: key rows key0 and
 // key0 + 8, query columns q0 + 8 j + 2 quad (+1). P = 0 where the row does
 // not see the column (seen_columns); padding query rows, and rows a shifted
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
@@ -232,12 +272,30 @@ FA3C_DEVICE void store_ds(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
                     frag[kk][3]);
 }
 
-// FA3C_BWD_DQ_WRITER: the same into sm.dq (the writer's buffer; the caller
-// waited for it to be free), then this warp's arrival on dq_full.
-FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, int piece) {
-    float *dst = buf + piece * 4096 + (threadIdx.x % 128) * 4;
+// With dQ transposed (hdim 128): the same, transposed, into a dS buffer of
+// M query rows per 64-key chunk: the 8x8 matrices stored transposed, so
+// that lane l addresses query 16 kk + 8 (l / 16) + l % 8 at this warp's keys
+// (8 of them per 16-byte unit: unit 2 warp + (l / 8) % 2 of chunk wg).
+template <int M>
+FA3C_DEVICE void store_ds_by_queries(uint8_t *ds, uint32_t (*frag)[4], int wg, int warp) {
+    const int lane = threadIdx.x % 32;
+    const int unit = (int)opaque_u32(wg * 8 + warp * 2 + (lane / 8) % 2), query = lane % 8 + 8 * (lane / 16);
 #pragma unroll
-    for (int k = 0; k < 8; k++) st_shared_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
+    for (int kk = 0; kk < M / 16; kk++)
+        stmatrix_x4_trans(swizzled_unit<128>(ds, M, 16 * kk + query, unit), frag[kk][0], frag[kk][1], frag[kk][2],
+                          frag[kk][3]);
+}
+
+// FA3C_BWD_DQ_WRITER: this thread's REGS dQ values (one warpgroup's piece
+// of the block's tile, fa3c_bwd_dq_tile_offset) into sm.dq (the writer's
+// buffer; the caller waited for it to be free), then this warp's arrival
+// on dq_full.
+template <int REGS>
+FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, int piece) {
+    float *dst = buf + piece * 128 * REGS + (threadIdx.x % 128) * 4;
+#pragma unroll
+    for (int k = 0; k < REGS / 4; k++)
+        st_shared_f32x4(dst + k * 512, dq[4 * k], dq[4 * k + 1], dq[4 * k + 2], dq[4 * k + 3]);
     fence_proxy_async_smem();   // the bulk reduction reads it through the async proxy
     __syncwarp();
     if (threadIdx.x % 32 == 0) mbar_arrive(dq_full);
@@ -254,18 +312,18 @@ FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, in
 template <int D>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, const float *dq, int n_block, int batch, int head,
                                 int m, int rel_lo, int wg) {
-    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M) };
+    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M), REGS = BwdSmem<D>::DQ_REGS };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
     if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, BWD_N));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     float *tile = bwd_dq_tile<D>(p, batch, head, m);
     if (KEY_SPLIT) {
-        if (wg == 0) add_dq_tiled(tile, dq, 0);
+        if (wg == 0) add_dq_tiled<REGS>(tile, dq, 0);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-        if (wg == 1) add_dq_tiled(tile, dq, 0);
+        if (wg == 1) add_dq_tiled<REGS>(tile, dq, 0);
     } else {
-        add_dq_tiled(tile, dq, wg);
+        add_dq_tiled<REGS>(tile, dq, wg);
     }
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
     if (leader) {
@@ -352,7 +410,7 @@ FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
 template <int D, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
                               int wg) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
+    enum { M = FA3C_BWD_BLOCK_M(D), DQ_TRANSPOSED = BwdSmem<D>::DQ_TRANSPOSED, DQ_REGS = BwdSmem<D>::DQ_REGS };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
     float dk[D / 2], dv[D / 2];
@@ -390,24 +448,24 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             seen_columns(key0 + 8, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
         }
 
-        // Pᵀ under dPᵀ's GEMM, then dSᵀ (with softcap both after both GEMMs:
-        // tanh's derivative). (dV issued between the two, so that dSᵀ runs
-        // under its GEMM, measured no faster: run 97.)
+        // Pᵀ under dPᵀ's GEMM, then dSᵀ. (dV issued between the two, so that
+        // dSᵀ runs under its GEMM, measured no faster: run 97.)
         uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
-        if (SOFTCAP) {
+        if constexpr (SOFTCAP && M != 80) {
             wgmma_wait<0>();
             bwd_fence_regs<M / 2>(st);
             bwd_fence_regs<M / 2>(dpt);
             probs_and_grads<M, true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
             probs_to_fragments<M, FP16>(st, p_frag);
         } else {
+            uint32_t ps[SOFTCAP ? M / 4 : 1];
             wgmma_wait<1>();
             bwd_fence_regs<M / 2>(st);
-            bwd_probs<M>(st, smem_addr(sm.lse_log2[s]), p.score_log2, lo, hi);
-            probs_to_fragments<M, FP16>(st, p_frag);
+            bwd_probs<M, FP16, SOFTCAP>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
+            if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
             wgmma_wait<0>();
             bwd_fence_regs<M / 2>(dpt);
-            bwd_grads<M>(dpt, st, smem_addr(sm.dsum[s]));
+            bwd_grads<M, SOFTCAP>(dpt, st, ps, smem_addr(sm.dsum[s]));
         }
 
         // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is
@@ -416,31 +474,37 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // warpgroups' dQ(it - 2) was complete.
         uint8_t *ds = sm.ds[it % 2];
         probs_to_fragments<M, FP16>(dpt, ds_frag);
-        store_ds<M>(ds, ds_frag, wg, warp);
+        if (DQ_TRANSPOSED) store_ds_by_queries<M>(ds, ds_frag, wg, warp);
+        else store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
         wgmma_fence();
         gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
         wgmma_commit();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
-        float dq[32];
+        // At M = 80 dV is waited for before dQ's GEMM: P's and dS's fragments
+        // and dQ's accumulators do not fit beside dK and dV (ptxas: C7512).
+        constexpr bool DV_BEFORE_DQ = M == 80;
+        if (DV_BEFORE_DQ) wgmma_wait<0>();
+        float dq[DQ_REGS];
         wgmma_fence();
-        gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
+        if constexpr (DQ_TRANSPOSED) gemm_dq_transposed<M, FP16>(dq, ds, sm.k, wg);
+        else gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
         wgmma_commit();
-        wgmma_wait<1>();   // dV is done: p_frag is free
+        if (!DV_BEFORE_DQ) wgmma_wait<1>();   // dV is done: p_frag is free
         wgmma_fence();
         gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
         wgmma_commit();
         wgmma_wait<1>();   // dQ is done; dK runs on
-        bwd_fence_regs<32>(dq);
+        bwd_fence_regs<DQ_REGS>(dq);
 
         // dQ added under dK's GEMM.
         if (p.dq_semaphore) {
             add_dq_in_turn<D>(p, dq, n_block, batch, head, m, rel_lo, wg);
         } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
             if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
-            put_dq_tiled(sm.dq, &sm.dq_full, dq, wg);
+            put_dq_tiled<DQ_REGS>(sm.dq, &sm.dq_full, dq, wg);
         } else {
-            add_dq_tiled(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
+            add_dq_tiled<DQ_REGS>(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         }
 
         wgmma_wait<0>();

@@ -8,8 +8,11 @@
  * deterministic.
  *
  * Head dims 64-128 (bwd_sm90.cuh): 128 keys, 64 per warpgroup. At hdim 128,
- * 64 query rows per step keep the four accumulators of a warpgroup (Sᵀ and
- * dPᵀ 64 x 64, dV and dK 64 x 128) inside 240 registers, as FA3 does. At
+ * 80 query rows per step (FA3's block without a mask): the accumulators of a
+ * warpgroup (Sᵀ and dPᵀ 64 x 80, dV and dK 64 x 128, dQᵀ 64 x 80) fit in
+ * 240 registers, and each step does a quarter more GEMM work for the same
+ * waits and barriers; dQ is computed transposed (dQᵀ = Kᵀ·dSᵀ: wgmma's M is
+ * 64 per warpgroup, so 80 queries can only be its N). At
  * hdim 64, dK and dV take half as many, and 128 query rows per step (Sᵀ and
  * dPᵀ 64 x 128) fit: twice the work per step for the same per-step costs
  * (waits, barriers, the softmax's loads), wgmma N = 128 for Sᵀ and dPᵀ, and
@@ -36,7 +39,19 @@
 #ifndef FA3C_BWD_HDIM64_BLOCK_M
 #define FA3C_BWD_HDIM64_BLOCK_M 128
 #endif
-#define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : 64)
+/* hdim 128's query block: 80 rows (FA3's without a mask) or 64
+ * (-DFA3C_BWD_HDIM128_BLOCK_M=64, for A/Bs); either way dQ is computed
+ * transposed (FA3C_BWD_DQ_TRANSPOSED). */
+#ifndef FA3C_BWD_HDIM128_BLOCK_M
+#define FA3C_BWD_HDIM128_BLOCK_M 80
+#endif
+#if FA3C_BWD_HDIM128_BLOCK_M != 64 && FA3C_BWD_HDIM128_BLOCK_M != 80
+#error "FA3C_BWD_HDIM128_BLOCK_M: 64 or 80"
+#endif
+/* Is dQ computed transposed (dQᵀ = Kᵀ·dSᵀ) by the kernel of head dim d?
+ * The hdim-128 kernel's, whose 80-row query blocks cannot be wgmma's M. */
+#define FA3C_BWD_DQ_TRANSPOSED(d) ((d) == 128)
+#define FA3C_BWD_BLOCK_M(d) ((d) == 64 ? FA3C_BWD_HDIM64_BLOCK_M : (d) == 128 ? FA3C_BWD_HDIM128_BLOCK_M : 64)
 /* hdim 256's keys per CTA: 80 as FA3 takes them (a quarter more work per
  * step for the same 64 KB of dQ reductions; wgmma N = 40 for S and dP; 2-7%
  * faster than 64, docs/KNOBS.md), or 64 (-DFA3C_BWD_HDIM256_BLOCK_N=64, for

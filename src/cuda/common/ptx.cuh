@@ -500,3 +500,10 @@ template <int FP16>
 FA3C_DEVICE uint32_t pack2(float lo, float hi) {
     return FP16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
 }
+// pack_f16x2's inverse.
+FA3C_DEVICE float2 unpack_f16x2(uint32_t x) {
+    float lo, hi;
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+        : "=f"(lo), "=f"(hi) : "r"(x));
+    return make_float2(lo, hi);
+}
