@@ -63,8 +63,9 @@ struct BwdSmem {
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
     alignas(1024) uint8_t dout[BWD_STAGES][M * D * 2];
     alignas(1024) uint8_t ds[2][BWD_N * M * 2];   // two buffers: one barrier per query block
-    alignas(128) float lse_log2[BWD_STAGES][M];
-    alignas(128) float dsum[BWD_STAGES][M];
+    // Each slot's row 128-byte aligned, as TMA stores into smem need (80 rows: 96 floats).
+    alignas(128) float lse_log2[BWD_STAGES][(M + 31) / 32 * 32];
+    alignas(128) float dsum[BWD_STAGES][(M + 31) / 32 * 32];
     uint64_t kv_full;                                  // K and V landed (once)
     uint64_t full[BWD_STAGES], empty[BWD_STAGES];      // the Q / dO / LSE / dsum slots
     uint64_t landed;                                   // a step whose foreign rows the producer zeroes first
