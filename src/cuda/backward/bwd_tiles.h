@@ -141,6 +141,12 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
+/* hdim 128's 80-row blocks: dV's GEMM waited for before dQ's is issued (1),
+ * or after (0: P's fragments, dS's and dQ's accumulators live together). */
+#ifndef FA3C_BWD_DV_BEFORE_DQ
+#define FA3C_BWD_DV_BEFORE_DQ 1
+#endif
+
 /* Head dims 64-128: dK and dV leave through smem (the K and V tiles, free
  * once both warpgroups' last GEMMs are done) as whole 16-byte row pieces, a
  * warp's covering contiguous rows (1), rather than as 4-byte pairs from the
