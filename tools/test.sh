@@ -72,10 +72,11 @@ knob_build() {
 # with the CUDA kernels' attention sinks compiled out (FA3C_CUDA_SINKS=0, on by default),
 # the CUDA quantization compiled out (FA3C_CUDA_QUANTIZE=0, on by default) and hdim 256's
 # backward in 64-key CTAs (FA3C_BWD_HDIM256_BLOCK_N=64; 80 by default), and the narrow
-# backward's dK / dV written through smem (FA3C_BWD_STAGED_EPILOGUE=1; off by default).
+# backward's dK / dV written from registers (FA3C_BWD_STAGED_EPILOGUE=0) and hdim 128's
+# 64-row query blocks (FA3C_BWD_HDIM128_BLOCK_M=64; 1 and 80 by default).
 knob_build_claim() {
     local f="-DFA3C_BWD_DQ_CLAIM_EARLY=0 -DFA3C_CUDA_SINKS=0 -DFA3C_CUDA_QUANTIZE=0 -DFA3C_BWD_HDIM256_BLOCK_N=64"
-    f="$f -DFA3C_BWD_STAGED_EPILOGUE=1"
+    f="$f -DFA3C_BWD_STAGED_EPILOGUE=0 -DFA3C_BWD_HDIM128_BLOCK_M=64"
     cmake -S . -B build-knobs-claim -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim128;bf16_hdim256" -DFA3C_BUILD_TESTS=OFF \
         -DFA3C_BUILD_CLI=OFF "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1
     cmake --build build-knobs-claim -j "$(nproc)" --target fa3c "${sync_output[@]}" >build-knobs-claim/build.log 2>&1 ||

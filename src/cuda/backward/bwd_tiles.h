@@ -141,19 +141,13 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
-/* hdim 128's 80-row blocks: dV's GEMM waited for before dQ's is issued (1),
- * or after (0: P's fragments, dS's and dQ's accumulators live together). */
-#ifndef FA3C_BWD_DV_BEFORE_DQ
-#define FA3C_BWD_DV_BEFORE_DQ 1
-#endif
-
 /* Head dims 64-128: dK and dV leave through smem (the K and V tiles, free
  * once both warpgroups' last GEMMs are done) as whole 16-byte row pieces, a
  * warp's covering contiguous rows (1), rather than as 4-byte pairs from the
- * accumulators, a warp's touching 8 rows per store (0; ncu, run 125: 6% of
- * the samples at hdim 128 causal 2k sat on those stores). */
+ * accumulators, a warp's touching 8 rows per store (0). With hdim 128's
+ * 80-row blocks 3-8% faster at 512-16k (docs/KNOBS.md). */
 #ifndef FA3C_BWD_STAGED_EPILOGUE
-#define FA3C_BWD_STAGED_EPILOGUE 0
+#define FA3C_BWD_STAGED_EPILOGUE 1
 #endif
 
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
