@@ -164,9 +164,9 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // tile shares with the block before, have lse_log2 = +inf, so P = 0 there
 // too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
 // p_frag here, and P times tanh's derivative, which dS takes once tanh's
-// argument is gone, to ps as fp16 pairs (its values are in [0, 1]): fp32
-// copies of both beside dPᵀ's accumulators would not fit the registers at
-// 80 query rows. The compares cost less than they seem: the step waits on
+// argument is gone, to ps as fp16 pairs (its values are in [0, 1]), pair i
+// at ps[128 i]: this thread's slots in smem, as the registers at 80 query
+// rows have no room for them (bwd_consumer). The compares cost less than they seem: the step waits on
 // the MUFU's ex2 throughput, and the issue slots have room beside it.
 template <int M, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
@@ -194,7 +194,7 @@ FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint3
             }
             if (SOFTCAP) {
                 p_frag[j / 2][2 * (j % 2) + r] = pack2<FP16>(prob[0], prob[1]);
-                ps[2 * j + r] = pack_f16x2(prob[0] * slope[0], prob[1] * slope[1]);
+                ps[128 * (2 * j + r)] = pack_f16x2(prob[0] * slope[0], prob[1] * slope[1]);
             }
         }
     }
@@ -213,7 +213,7 @@ FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float2 w;
-            if (SOFTCAP) w = unpack_f16x2(ps[2 * j + r]);
+            if (SOFTCAP) w = unpack_f16x2(ps[128 * (2 * j + r)]);
             else w = make_float2(pt[4 * j + 2 * r], pt[4 * j + 2 * r + 1]);
             dpt[4 * j + 2 * r] = w.x * (dpt[4 * j + 2 * r] - ds.x);
             dpt[4 * j + 2 * r + 1] = w.y * (dpt[4 * j + 2 * r + 1] - ds.y);
@@ -433,10 +433,15 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
         float st[M / 2], dpt[M / 2];
+        // With softcap at 80 rows dPᵀ is issued once Pᵀ is done: tanh's work
+        // beside both accumulators in flight spilled (ptxas).
+        constexpr bool DP_AFTER_P = SOFTCAP && M == 80;
         issue_scores<D, FP16>(st, sm, it, wg);
-        wgmma_fence();
-        gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
-        wgmma_commit();
+        if (!DP_AFTER_P) {
+            wgmma_fence();
+            gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+            wgmma_commit();
+        }
 
         // Which elements this thread's rows see (seen_columns).
         const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_shifted));
@@ -459,10 +464,17 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             probs_and_grads<M, true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
             probs_to_fragments<M, FP16>(st, p_frag);
         } else {
-            uint32_t ps[SOFTCAP ? M / 4 : 1];
-            wgmma_wait<1>();
+            // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
+            // free until the dS stores below (after a barrier of the warpgroup).
+            uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
+            wgmma_wait<DP_AFTER_P ? 0 : 1>();
             bwd_fence_regs<M / 2>(st);
             bwd_probs<M, FP16, SOFTCAP>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
+            if (DP_AFTER_P) {
+                wgmma_fence();
+                gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+                wgmma_commit();
+            }
             if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
             wgmma_wait<0>();
             bwd_fence_regs<M / 2>(dpt);
@@ -475,6 +487,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // warpgroups' dQ(it - 2) was complete.
         uint8_t *ds = sm.ds[it % 2];
         probs_to_fragments<M, FP16>(dpt, ds_frag);
+        if (SOFTCAP && M == 80) named_bar_sync(BAR_BWD_STAGED + wg, 128);   // its ps read (bwd_grads)
         if (DQ_TRANSPOSED) store_ds_by_queries<M>(ds, ds_frag, wg, warp);
         else store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
