@@ -159,8 +159,9 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     /* Scratch, stream-ordered: dq_accum (fp32) and one int per query block
      * (deterministic = 1: the dQ turn counters; with the first-write flags,
      * dq_written), zeroed by the preprocessing (dq_accum only without the
-     * flags); then lse_log2 and dsum. Every part is a multiple of 256 bytes
-     * (rows_pad is a multiple of the block's 64 or 128 rows). */
+     * flags); then lse_log2 and dsum. Every part is a multiple of 64 bytes
+     * (rows_pad is a multiple of the block's 64, 80 or 128 rows), as the
+     * TMA maps of lse_log2 and dsum need 16. */
     const int first_write = FA3C_BWD_WRITER_ON(kernel_d) && kernel_d <= 128 && !p->deterministic &&
                             pr->seqlen_q <= FA3C_BWD_DQ_FIRST_WRITE;
     const size_t rows = (size_t)pr->batch * pr->heads_q * rows_pad;

@@ -2,8 +2,8 @@
 // 64 and 128: bwd_tiles.h).
 //
 // One CTA owns BLOCK_N = 128 keys of one (batch, K/V head) and walks the
-// query blocks (M = BLOCK_M(D) rows: 64, or 128 at hdim 64 with
-// FA3C_BWD_HDIM64_BLOCK_M=128) that see any of them, for each query head of
+// query blocks (M = BLOCK_M(D) rows: 80 at hdim 128, 128 at hdim 64;
+// bwd_tiles.h) that see any of them, for each query head of
 // the GQA group:
 //   warpgroup 0  producer: one thread loads K and V once, then streams Q,
 //                dO and the rows' LSE and dsum = rowsum(dO ⊙ O) through a
@@ -114,11 +114,11 @@ template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_dq(float *dq, const uint8_t *ds, const uint8_t *k, int wg) {
     static_assert(D == 64, "hdim 128 computes dQ transposed (gemm_dq_transposed)");
     enum { KEY_SPLIT = bwd_dq_key_split(D, M), KEYS = KEY_SPLIT ? 64 : BWD_N };
-    const int ds_chunk = M == 128 ? wg : 0, k_chunk = 0, key0 = KEY_SPLIT ? wg * 64 : 0;
+    const int ds_chunk = M == 128 ? wg : 0, key0 = KEY_SPLIT ? wg * 64 : 0;
     // M and N are one 64-element chunk each, so the leading offsets are never used.
     const uint64_t ds_desc = smem_desc_swizzled(smem_addr(ds) + (ds_chunk * BWD_N + key0) * BWD_ROW_BYTES,
                                                 BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
-    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + (k_chunk * BWD_N + key0) * BWD_ROW_BYTES,
+    const uint64_t k_desc = smem_desc_swizzled(smem_addr(k) + key0 * BWD_ROW_BYTES,
                                                BWD_N * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
     for (int kk = 0; kk < KEYS / 16; kk++)
@@ -166,8 +166,9 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // p_frag here, and P times tanh's derivative, which dS takes once tanh's
 // argument is gone, to ps as fp16 pairs (its values are in [0, 1]), pair i
 // at ps[128 i]: this thread's slots in smem, as the registers at 80 query
-// rows have no room for them (bwd_consumer). The compares cost less than they seem: the step waits on
-// the MUFU's ex2 throughput, and the issue slots have room beside it.
+// rows have no room for them (bwd_consumer). The compares cost less than
+// they seem: the step waits on the MUFU's ex2 throughput, and the issue
+// slots have room beside it.
 template <int M, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
                            const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
@@ -495,9 +496,9 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
         wgmma_commit();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
-        // At M = 80 dV is waited for before dQ's GEMM is issued (2-3% faster
+        // At M = 80 dV is waited for before dQ's GEMM is issued (1-3% faster
         // at 1k-16k than after, when P's and dS's fragments and dQ's
-        // accumulators are live together; run 138).
+        // accumulators are live together: docs/KNOBS.md).
         constexpr bool DV_BEFORE_DQ = M == 80;
         if (DV_BEFORE_DQ) wgmma_wait<0>();
         float dq[DQ_REGS];
