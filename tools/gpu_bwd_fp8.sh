@@ -32,7 +32,7 @@ timeout 400 cmake -S . -B $B -DFA3C_DEBUG_HANGS=ON $on "-DFA3C_INSTANCES=$insts"
 echo "== test build rc=$? in $(( $(date +%s) - t0 )) s"
 timeout 60 $B/tests/test_wgmma >"$L/test_wgmma.log" 2>&1
 echo "== test_wgmma: rc=$? $(grep -E '^(ok|FAIL)' "$L/test_wgmma.log" | tr '\n' ' ')"
-grep -E "ss_mn|e4m3" "$L/test_wgmma.log" | sed 's/^/   /'
+grep -E "dQ = dS K|e4m3" "$L/test_wgmma.log" | sed 's/^/   /'
 for t in test_bwd test_fp8_fwd; do
   (cd $B && timeout 300 ctest -R "^$t\." --output-on-failure --timeout 150 -j1) >"$L/$t.log" 2>&1
   echo "== $t: $(grep -E 'tests passed|tests failed' "$L/$t.log" | tail -1)"

@@ -5,7 +5,7 @@
 #include "gpu_util.cuh"
 #include "fa3c.h"   // fa3c_float_to_e4m3, fa3c_e4m3_to_float
 #include "../../src/cuda/common/wgmma.cuh"
-#include "../../src/cuda/backward/bwd_sm90.cuh"   // store_ds, gemm_dq: the backward's dQ = dS·K
+#include "../../src/cuda/backward/bwd_sm90.cuh"   // store_ds, gemm_dq (_transposed): the backward's dQ = dS·K
 #include "../../src/cuda/fp8/fwd_fp8_sm90.cuh"   // the fp8 forward's GEMMs and P fragments
 
 extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -225,12 +225,14 @@ TEST(wgmma_rs_pv_64x128x64) {
 // dSᵀ (128 keys x M queries, given as bf16, key-major) goes into A
 // fragments and through store_ds (stmatrix) to the dS buffer, K (128 keys x
 // 128 columns) is staged as the TMA would land it, and gemm_dq reads both
-// MN-major (wgmma_ss_mn). out: dQ (64 x 128) from hdim 128's split (M = 64:
-// columns [64 wg, +64) over all keys, wg = 0, 1); out64: dQ (128 x 64) of
+// MN-major (wgmma_ss_mn). out: dQ (80 x 128) from hdim 128's transposed
+// form (M = 80: dS stored by query rows with store_ds_by_queries, dQᵀ =
+// Kᵀ·dSᵀ of columns [64 wg, +64) over all keys, wg = 0, 1, by
+// gemm_dq_transposed); out64: dQ (128 x 64) of
 // K's first 64 columns from hdim 64's split (M = 128: query rows [64 wg,
 // +64), all columns over all keys); out64k: dQ (64 x 64) from hdim 64's
 // split with 64-row blocks (all columns over keys [64 wg, +64), summed).
-template <int M>
+template <int M, bool BY_QUERIES = false>
 __device__ void stage_ds(uint8_t *sds, const __nv_bfloat16 *dst) {
     int t = threadIdx.x, w = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
     const uint16_t *d16 = (const uint16_t *)dst;
@@ -241,13 +243,15 @@ __device__ void stage_ds(uint8_t *sds, const __nv_bfloat16 *dst) {
                 int row = half * 64 + 16 * w + g + 8 * (j % 2), col = 16 * kk + 8 * (j / 2) + 2 * q;
                 frag[kk][j] = (uint32_t)d16[row * M + col] | ((uint32_t)d16[row * M + col + 1] << 16);
             }
-        store_ds<M>(sds, frag, half, w);
+        if (BY_QUERIES) store_ds_by_queries<M>(sds, frag, half, w);
+        else store_ds<M>(sds, frag, half, w);
     }
 }
 
-__global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *dst128, const __nv_bfloat16 *k,
-                                float *out, float *out64, float *out64k) {
+__global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *dst128, const __nv_bfloat16 *dst80,
+                                const __nv_bfloat16 *k, float *out, float *out64, float *out64k) {
     uint8_t *sk = smem_base(), *sk64 = sk + 128 * 128 * 2, *sds = sk64 + 128 * 64 * 2, *sds128 = sds + 128 * 64 * 2;
+    uint8_t *sds80 = sds128 + 128 * 128 * 2;
     for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sk + sw128_offset(128, r, c)) = k[i];
@@ -255,18 +259,19 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *d
     }
     stage_ds<64>(sds, dst);
     stage_ds<128>(sds128, dst128);
+    stage_ds<80, true>(sds80, dst80);
     fence_proxy_async_smem();
     __syncthreads();
     int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    float d[32];
+    float d[32], dt[40];
     for (int wg = 0; wg < 2; wg++) {
         wgmma_fence();
-        gemm_dq<128, 64, 0>(d, sds, sk, wg);
+        gemm_dq_transposed<80, 0>(dt, sds80, sk, wg);
         wgmma_commit();
         wgmma_wait<0>();
-        for (int i = 0; i < 32; i++) {
-            int row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * q + (i % 2);
-            out[row * 128 + wg * 64 + col] = d[i];
+        for (int i = 0; i < 40; i++) {   // accumulator rows: columns; its columns: queries
+            int col = 16 * w + g + 8 * ((i / 2) % 2), query = 8 * (i / 4) + 2 * q + (i % 2);
+            out[query * 128 + wg * 64 + col] = dt[i];
         }
         wgmma_fence();
         gemm_dq<64, 128, 0>(d, sds128, sk64, wg);
@@ -287,47 +292,54 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *d
     }
 }
 
-TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
+TEST(wgmma_bwd_dq_forms) {
     REQUIRE_SM90();
     gpu_rng_seed(2024);
-    static __nv_bfloat16 hds[128 * 64], hds128[128 * 128], hk[128 * 128];
-    static float fds[128 * 64], fds128[128 * 128], fk[128 * 128], out[64 * 128], out64[128 * 64], out64k[64 * 64];
+    static __nv_bfloat16 hds[128 * 64], hds128[128 * 128], hds80[128 * 80], hk[128 * 128];
+    static float fds[128 * 64], fds128[128 * 128], fds80[128 * 80], fk[128 * 128], out[80 * 128], out64[128 * 64],
+        out64k[64 * 64];
     fill_bf16(hds, fds, 128 * 64);
     fill_bf16(hds128, fds128, 128 * 128);
+    fill_bf16(hds80, fds80, 128 * 80);
     fill_bf16(hk, fk, 128 * 128);
-    __nv_bfloat16 *dds, *dds128, *dk;
+    __nv_bfloat16 *dds, *dds128, *dds80, *dk;
     float *dout, *dout64, *dout64k;
     CUDA_OK(cudaMalloc(&dds, sizeof hds));
     CUDA_OK(cudaMalloc(&dds128, sizeof hds128));
+    CUDA_OK(cudaMalloc(&dds80, sizeof hds80));
     CUDA_OK(cudaMalloc(&dk, sizeof hk));
     CUDA_OK(cudaMalloc(&dout, sizeof out));
     CUDA_OK(cudaMalloc(&dout64, sizeof out64));
     CUDA_OK(cudaMalloc(&dout64k, sizeof out64k));
     CUDA_OK(cudaMemcpy(dds, hds, sizeof hds, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dds128, hds128, sizeof hds128, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dds80, hds80, sizeof hds80, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dk, hk, sizeof hk, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));
     CUDA_OK(cudaMemset(dout64, 0xFF, sizeof out64));
     CUDA_OK(cudaMemset(dout64k, 0xFF, sizeof out64k));
-    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 128 * 128 * 2 + 1024;
+    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 128 * 128 * 2 + 128 * 80 * 2 + 1024;
     CUDA_OK(cudaFuncSetAttribute(wgmma_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dds128, dk, dout, dout64, dout64k);
+    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dds128, dds80, dk, dout, dout64, dout64k);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(out64, dout64, sizeof out64, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(out64k, dout64k, sizeof out64k, cudaMemcpyDeviceToHost));
     double maxerr = 0, maxerr64 = 0, maxerr64k = 0;
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < 80; i++)
         for (int j = 0; j < 128; j++) {
             double ref = 0;   // dQ[i][j] = sum over keys n of dS[i][n] K[n][j], dS[i][n] = dSᵀ[n][i]
-            for (int n = 0; n < 128; n++) ref += (double)fds[n * 64 + i] * fk[n * 128 + j];
+            for (int n = 0; n < 128; n++) ref += (double)fds80[n * 80 + i] * fk[n * 128 + j];
             double e = fabs(ref - out[i * 128 + j]);
             if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
-            if (j < 64) {
-                e = fabs(ref - out64k[i * 64 + j]);
-                if (!(e <= maxerr64k)) maxerr64k = isnan(e) ? INFINITY : e;
-            }
+        }
+    for (int i = 0; i < 64; i++)
+        for (int j = 0; j < 64; j++) {
+            double ref = 0;
+            for (int n = 0; n < 128; n++) ref += (double)fds[n * 64 + i] * fk[n * 128 + j];
+            double e = fabs(ref - out64k[i * 64 + j]);
+            if (!(e <= maxerr64k)) maxerr64k = isnan(e) ? INFINITY : e;
         }
     for (int i = 0; i < 128; i++)
         for (int j = 0; j < 64; j++) {
@@ -336,12 +348,12 @@ TEST(wgmma_ss_mn_bwd_dq_64x128x128) {
             double e = fabs(ref - out64[i * 64 + j]);
             if (!(e <= maxerr64)) maxerr64 = isnan(e) ? INFINITY : e;
         }
-    printf("wgmma ss_mn (dQ = dS K) max abs error: hdim 128 split %.3g, hdim 64 splits: rows %.3g, keys %.3g\n", maxerr,
-           maxerr64, maxerr64k);
-    CHECK(maxerr < 1e-3, "hdim 128 split: max error %g", maxerr);
+    printf("wgmma dQ = dS K max abs error: hdim 128 (dQᵀ, 80 queries) %.3g, hdim 64 splits: rows %.3g, keys %.3g\n",
+           maxerr, maxerr64, maxerr64k);
+    CHECK(maxerr < 1e-3, "hdim 128 transposed: max error %g", maxerr);
     CHECK(maxerr64 < 1e-3, "hdim 64 row split: max error %g", maxerr64);
     CHECK(maxerr64k < 1e-3, "hdim 64 key split: max error %g", maxerr64k);
-    cudaFree(dds); cudaFree(dds128); cudaFree(dk); cudaFree(dout); cudaFree(dout64); cudaFree(dout64k);
+    cudaFree(dds); cudaFree(dds128); cudaFree(dds80); cudaFree(dk); cudaFree(dout); cudaFree(dout64); cudaFree(dout64k);
 }
 
 // Byte offset of (row, col) in an 8-bit tile of rows x 128 bytes with the

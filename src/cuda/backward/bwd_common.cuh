@@ -128,6 +128,27 @@ FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int s
     fence_proxy_async_smem();
 }
 
+// FA3C_BWD_STAGED_EPILOGUE, either kernel: dK or dV rows staged in `tile`
+// (the K or V tile's layout: column chunks of CHUNK_ROWS rows x 128 B,
+// swizzled) to `out` (16-bit; element strides, rows 16-byte aligned:
+// p.dkv_vec16) in 16-byte pieces, a warp's 512 contiguous bytes where the
+// rows allow: tile rows [row0, row0 + ROWS), 16-byte units [unit0, unit0 +
+// UNITS) of them, by the warpgroup's 128 threads; the rows of keys in
+// [own_lo, sk_stored) (key = k_start + tile row), at token tok0 + key, their
+// first `cols` columns.
+template <int CHUNK_ROWS, int ROWS, int UNITS>
+FA3C_DEVICE void write_staged_rows(void *out, const int64_t *stride, const uint8_t *tile, int row0, int unit0,
+                                   int batch, int head_kv, int tok0, int k_start, int own_lo, int sk_stored,
+                                   int cols) {
+    for (int i = threadIdx.x % 128; i < ROWS * UNITS; i += 128) {
+        const int row = row0 + i / UNITS, u = unit0 + i % UNITS, key = k_start + row;
+        if (key < own_lo || key >= sk_stored || 8 * u >= cols) continue;
+        const uint4 x = ld_shared_u32x4(smem_addr(swizzled_unit<128>((uint8_t *)tile, CHUNK_ROWS, row, u)));
+        *(uint4 *)((uint16_t *)out + batch * stride[0] + (int64_t)(tok0 + key) * stride[1] + head_kv * stride[2] +
+                   8 * u) = x;
+    }
+}
+
 // The first key block (of block_n keys) that sees query block m (of
 // block_m rows): the key
 // blocks that do form a contiguous range (bwd_query_blocks' bounds grow

@@ -359,7 +359,8 @@ FA3C_DEVICE void store_key_rows(void *out, const int64_t *stride, const float *a
 
 // FA3C_BWD_STAGED_EPILOGUE: acc(64 keys x D) * scale as 16-bit values into
 // this warpgroup's 64 rows of `tile` (the K or V tile's layout: D / 64
-// chunks of BWD_N rows x 128 B, swizzled), 8x8 matrices at a time.
+// chunks of BWD_N rows x 128 B, swizzled), 8x8 matrices at a time; then
+// out to dk or dv with write_staged_rows (bwd_common.cuh).
 template <int D, int FP16>
 FA3C_DEVICE void stage_key_rows(uint8_t *tile, float *acc, float scale, int wg, int warp) {
 #pragma unroll
@@ -367,23 +368,6 @@ FA3C_DEVICE void stage_key_rows(uint8_t *tile, float *acc, float scale, int wg, 
     uint32_t frag[D / 16][4];
     probs_to_fragments<D, FP16>(acc, frag);
     store_ds<D>(tile, frag, wg, warp);
-}
-
-// ... then those rows from `tile` to `out` (16-bit; element strides, rows
-// 16-byte aligned: p.dkv_vec16) in 16-byte pieces, a warp's 512 contiguous
-// bytes: the rows of keys in [own_lo, sk_stored) (key = k_start + tile row),
-// at token tok0 + key, their first `cols` columns.
-template <int D>
-FA3C_DEVICE void write_staged_rows(void *out, const int64_t *stride, const uint8_t *tile, int wg, int batch,
-                                   int head_kv, int tok0, int k_start, int own_lo, int sk_stored, int cols) {
-    enum { UNITS = D / 8 };
-    for (int i = threadIdx.x % 128; i < 64 * UNITS; i += 128) {
-        const int row = wg * 64 + i / UNITS, u = i % UNITS, key = k_start + row;
-        if (key < own_lo || key >= sk_stored || 8 * u >= cols) continue;
-        const uint4 x = ld_shared_u32x4(smem_addr(swizzled_unit<128>((uint8_t *)tile, BWD_N, row, u)));
-        *(uint4 *)((uint16_t *)out + batch * stride[0] + (int64_t)(tok0 + key) * stride[1] + head_kv * stride[2] +
-                   8 * u) = x;
-    }
 }
 
 // ---- consumer ----------------------------------------------------------------------
@@ -542,10 +526,10 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         stage_key_rows<D, FP16>(sm.v, dv, 1.f, wg, warp);
         named_bar_sync(BAR_BWD_STAGED + wg, 128);
         const int k_start = BWD_SEQ(sm, k_start);
-        write_staged_rows<D>(p.dk, p.dk_stride, sm.k, wg, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
-                             p.headdim);
-        write_staged_rows<D>(p.dv, p.dv_stride, sm.v, wg, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
-                             p.headdim_v);
+        write_staged_rows<BWD_N, 64, D / 8>(p.dk, p.dk_stride, sm.k, wg * 64, 0, k_batch, head_kv, k_tok0, k_start,
+                                            own_lo, sk_stored, p.headdim);
+        write_staged_rows<BWD_N, 64, D / 8>(p.dv, p.dv_stride, sm.v, wg * 64, 0, k_batch, head_kv, k_tok0, k_start,
+                                            own_lo, sk_stored, p.headdim_v);
         return;
     }
     store_key_rows<D, FP16>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, key0, own_lo, sk_stored,

@@ -323,6 +323,23 @@ FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc
         }
 }
 
+// FA3C_BWD_STAGED_EPILOGUE: accᵀ (this warpgroup's head-dim columns x the
+// N keys) * scale as 16-bit values into `tile` (the K or V tile's layout:
+// column chunks of N key rows x 128 B), the chunks of its columns, 8x8
+// matrices stored transposed (store_keys_by_rows); then out to dk or dv with
+// write_staged_rows (bwd_common.cuh).
+template <int D, int FP16, int WG>
+FA3C_DEVICE void stage_key_columns(uint8_t *tile, float (*acc)[FA3C_BWD_BLOCK_N(D) / 2], float scale, int warp) {
+    typedef WideShare<D, WG> S;
+    enum { N = FA3C_BWD_BLOCK_N(D) };
+#pragma unroll
+    for (int t = 0; t < S::KV_TILES; t++) {
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) acc[t][i] *= scale;
+        store_keys_by_rows<N, 0, N, FP16>(tile + (S::KV_COL0 / 64 + t) * N * BWD_ROW_BYTES, acc[t], warp);
+    }
+}
+
 // ---- consumer ----------------------------------------------------------------------
 
 template <int D, int FP16, int WG, bool SOFTCAP>
@@ -506,6 +523,21 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
     }
     const int k_start = BWD_SEQ(sm, k_start), own_lo = n_block * N, sk_stored = BWD_SEQ(sm, sk_stored);
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
+    if (FA3C_BWD_STAGED_EPILOGUE && p.dkv_vec16) {
+        // Both warpgroups' GEMMs read other columns of K (dQ) and V (dP) than
+        // their own: once both are done, the tiles take each one's dK and dV
+        // columns, which it then writes out alone.
+        enum { UNITS = 8 * S::KV_TILES };
+        named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+        stage_key_columns<D, FP16, WG>(sm.k, dk, p.softmax_scale, warp);
+        stage_key_columns<D, FP16, WG>(sm.v, dv, 1.f, warp);
+        named_bar_sync(BAR_BWD_STAGED + WG, 128);
+        write_staged_rows<N, N, UNITS>(p.dk, p.dk_stride, sm.k, 0, S::KV_COL0 / 8, k_batch, head_kv, k_tok0, k_start,
+                                       own_lo, sk_stored, p.headdim);
+        write_staged_rows<N, N, UNITS>(p.dv, p.dv_stride, sm.v, 0, S::KV_COL0 / 8, k_batch, head_kv, k_tok0, k_start,
+                                       own_lo, sk_stored, p.headdim_v);
+        return;
+    }
     store_key_columns<D, FP16, WG>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
                                    sk_stored, p.headdim);
     store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
