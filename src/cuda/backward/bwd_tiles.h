@@ -141,11 +141,11 @@
 #define FA3C_BWD_WIDE_DK_FIRST 1
 #endif
 
-/* Head dims 64-128: dK and dV leave through smem (the K and V tiles, free
+/* Every head dim: dK and dV leave through smem (the K and V tiles, free
  * once both warpgroups' last GEMMs are done) as whole 16-byte row pieces, a
  * warp's covering contiguous rows (1), rather than as 4-byte pairs from the
  * accumulators, a warp's touching 8 rows per store (0). With hdim 128's
- * 80-row blocks 2-12% faster at 512-16k (docs/KNOBS.md). */
+ * 80-row blocks 2-12% faster at 512-16k, the wide kernel 1-7% (docs/KNOBS.md). */
 #ifndef FA3C_BWD_STAGED_EPILOGUE
 #define FA3C_BWD_STAGED_EPILOGUE 1
 #endif
