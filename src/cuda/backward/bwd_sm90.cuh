@@ -440,7 +440,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         }
 
         // Pᵀ under dPᵀ's GEMM, then dSᵀ. (dV issued between the two, so that
-        // dSᵀ runs under its GEMM, measured no faster: run 97.)
+        // dSᵀ runs under its GEMM, measured no faster.)
         uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
         if constexpr (SOFTCAP && M != 80) {
             wgmma_wait<0>();

@@ -128,7 +128,7 @@
 
 /* The wide kernel's 80-key form without softcap: P computed and stored as
  * soon as S is done, while dP's GEMM runs (FA3's order; the narrow kernel's
- * since run 96), dS once dP is; 0: both after both GEMMs. */
+ * too), dS once dP is; 0: both after both GEMMs. */
 #ifndef FA3C_BWD_WIDE_P_UNDER_DP
 #define FA3C_BWD_WIDE_P_UNDER_DP 1
 #endif

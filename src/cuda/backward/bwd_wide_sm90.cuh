@@ -450,7 +450,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             if constexpr (FA3C_BWD_WIDE_DK_FIRST) {
                 // dKᵀ before dQ's second half: its accumulators are free, so the pipe
                 // has dVᵀ and dKᵀ while the first half's reductions still read dq's
-                // registers, which the second half's wgmma must wait for (ncu, run 119).
+                // registers, which the second half's wgmma must wait for.
                 gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
                 wgmma_commit();
                 gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);

@@ -39,7 +39,7 @@ FA3C_DEVICE float quad_sum(float x) {
 
 // Max / sum of v[0..N) as a tree: log2(N) dependent steps instead of N. A
 // chain of 32 dependent FMNMX per row was the longest stretch of the
-// softmax in ncu's stall sampling (bench/RESULTS.md, run 10).
+// softmax in ncu's stall sampling.
 // (Recursive templates: a loop over n = (n + 1) / 2 is not unrolled by nvcc,
 // and the run-time index would put v in local memory.)
 template <int N>
@@ -103,7 +103,7 @@ FA3C_DEVICE bool softmax_step(float *s, SoftmaxState &st, float score_log2, floa
         moves = __any_sync(~0u, grew);
         // The test saw each thread's own maxima (the warp moves if any
         // thread's would), so the row maxima's shuffles run only on a move
-        // (hdim 64 +1-2%, run 66).
+        // (hdim 64 +1-2%).
         if (moves) {
             new_off[0] = quad_max(new_off[0]);
             new_off[1] = quad_max(new_off[1]);
@@ -137,7 +137,7 @@ enum { STEP_KEPT, STEP_SHIFTED, STEP_LOST, STEP_NEEDS_MAX };
 
 // Scores -> probabilities in place against the offsets the rows already
 // have (st.ready), without the row max: its tree of FMNMX and shuffles was a
-// quarter of the softmax's stall samples (bench/RESULTS.md, run 43). A
+// quarter of the softmax's stall samples. A
 // thread's partial row sum of the block bounds each of its probabilities, so
 // while every one stays <= 2^T (FA3C_FWD_LAZY_RESCALE) nothing can have
 // overflowed and the block is done (STEP_KEPT). Otherwise (a warp vote):

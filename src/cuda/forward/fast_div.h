@@ -2,8 +2,7 @@
  * a kernel launch: the host precomputes a multiplier and a shift, and the
  * device divides with a high multiply, an add and a shift instead of the
  * ~20-instruction integer division (the tile scheduler divides several
- * times per tile: 6.6% of the warp samples at seqlen 512, bench/RESULTS.md
- * run 17). With s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1,
+ * times per tile: 6.6% of the warp samples at seqlen 512). With s = ceil(log2 d) and m = floor(2^32 (2^s - d) / d) + 1,
  * n / d = (umulhi(n, m) + n) >> s. C99 and CUDA; tests/test_fast_div.c
  * checks it against the division. */
 #ifndef FA3C_FAST_DIV_H

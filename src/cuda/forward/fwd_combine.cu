@@ -30,7 +30,7 @@ static __device__ __forceinline__ float warp_sum(float x) {
 // The split loop's loads are independent (the weights sit in smem), so
 // they are unrolled to be in flight together: a loop that loaded a split's
 // LSE and then its O, one split after the other, took 17 us for 64 rows of
-// 16 splits (bench/RESULTS.md, run 17).
+// 16 splits.
 __global__ void __launch_bounds__(32 * COMBINE_WARPS) fwd_combine_kernel(const fa3c_fwd_kernel_params p, int headdim,
                                                                          int fp16) {
     __shared__ float weights[COMBINE_WARPS][FA3C_MAX_SPLITS];

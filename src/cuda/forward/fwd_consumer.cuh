@@ -475,7 +475,7 @@ FA3C_DEVICE void consumer(const fa3c_fwd_kernel_params &p, FwdSmem<D, BLOCK_N, S
             // Only rows with a last key (causal, window) can have leading
             // blocks masked for a whole warpgroup. The skipping code is a
             // separate copy: its ring position differs per warpgroup, which
-            // costs uniform registers in the loop (2% without masks, run 24).
+            // costs uniform registers in the loop (2% without masks).
             if (p.window_right >= 0)
                 consumer_tile<D, BLOCK_N, STAGES, FP16, 1, VARLEN>(p, sm, t, consumer_index, ring, q_phase_of(q_uses++));
             else

@@ -132,7 +132,7 @@ fa3c_status fa3c_fwd_plan_tiles(fa3c_fwd_kernel_params *k, const fa3c_problem *p
     /* Clusters of two CTAs that share their K/V loads (fwd_params.h): where
      * the row blocks of every (batch, group) pair up, without split-KV, and
      * without a mask or window (both halves of a pair walk the same key
-     * blocks; masked pairs lost, RESULTS run 81); not for sequences of their
+     * blocks; masked pairs measured slower); not for sequences of their
      * own lengths or paged KV (not built for them yet). From here on tiles
      * are cluster tiles, dealt out to clusters. */
     int unmasked = k->window_left < 0 && k->window_right < 0;

@@ -77,7 +77,7 @@ FA3C_DEVICE int page_of_key(const fa3c_fwd_kernel_params &p, const FwdTile &t, i
 // 8), so boxes that start inside an 8-row swizzle atom (pages of fewer than
 // 8 keys, or of 12, 20, ...) land where one box of the same rows would put
 // them; the step test tma_paged_boxes_and_zeroed_rows checks boxes of 1 to
-// 14 rows and larger ones against one box (it passes on the H200, run 80).
+// 14 rows and larger ones against one box.
 // Small pages mean many boxes: the producer warp's lanes share them, lane i
 // taking boxes i, i + 32, ..., so that one page-table load latency covers up
 // to 32 boxes and the TMA issues are not one thread's loop. The boxes wholly

@@ -10,8 +10,8 @@
 // then the one before, ... (under causal masking the last rows see the most
 // keys; there the partial row block, if any, is the first one: p.m_shift).
 // The CTAs running at one time then share the K/V of a few heads through the
-// L2 instead of each streaming its own head from DRAM (bench/RESULTS.md,
-// run 12: at 2k the kernel was DRAM-bound before).
+// L2 instead of each streaming its own head from DRAM (at 2k the kernel
+// was DRAM-bound before).
 //
 // Persistent order (tile_of_step): without a causal mask or window every
 // tile is the same work, and tiles are dealt out round-robin in that order
@@ -22,8 +22,8 @@
 // CTA gets about the same work, without atomics. (Plain round-robin over
 // single tiles gave CTA 0 the longest tile of every round, and rounds that
 // straddle sections unbalance a snake order: hdim 256 causal 8k lost 20% and
-// 17%, runs 2 and 12.) A stream-K tail that cut the last round's tiles into
-// equal shares of key blocks measured no gain (runs 32-34) and was removed
+// 17%.) A stream-K tail that cut the last round's tiles into
+// equal shares of key blocks measured no gain and was removed
 // (it is in the history before the commit that says so).
 #pragma once
 #include "ptx.cuh"
