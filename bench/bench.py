@@ -13,8 +13,13 @@ Implementations (each skipped with a note when unavailable):
   cudnn, fa2, mem_eff   torch SDPA with CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION
   flex        FlexAttention under torch.compile (forward; a subset of shapes: compiles are slow)
   fa3         the official FlashAttention-3, if flash_attn_interface is importable
+  torch_step  (decode step rows only) the same step written in PyTorch: rotary, the new
+              k/v written into the paged cache, the cache gathered, SDPA
 Shapes: the FA3 paper grid (16k tokens, heads = 2048 / hdim, seqlen 512..16k, hdim
-64/128/256, causal and not), GQA prefill, decode (seqlen_q 1, long KV), fp8 forward.
+64/128/256, causal and not), GQA prefill, decode (seqlen_q 1, long KV) from a contiguous
+cache and from paged caches (--page-sizes; fa3c only, its GB/s also against its own
+contiguous row), a full decode step (append one token's k/v to a paged cache, rotary on q
+and k, attention: fa3c_with_kvcache against torch_step), fp8 forward.
 FLOPs: 4·b·h·sq·sk·d forward (halved for causal), backward 2.5x that.
 
 Before timing, every implementation's output (and gradients) is compared with the
@@ -50,7 +55,11 @@ except ImportError:
     sys.path.insert(0, os.path.join(REPO, "python"))
     import fa3c
 
-IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3"]
+IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step"]
+# Shapes with implementations of their own: the paged decode runs fa3c alone (the others
+# have no paged cache; its contiguous row has them), the decode step fa3c and torch_step.
+KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step")}
+BASE_IMPL = {"decode_step": "torch_step"}   # the ratio column's baseline (else cuDNN)
 REF_ORDER = ["cudnn", "fa2", "mem_eff", "math"]  # first that runs is the reference
 
 
@@ -66,15 +75,16 @@ def causal_pairs(sq, sk):
     return sk * (sk + 1) / 2.0
 
 
-def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=False, dv=None):
-    """dv: v's (and out's) head dim, d's by default (MLA prefill: d 192, dv 128)."""
+def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=False, dv=None, page=0):
+    """dv: v's (and out's) head dim, d's by default (MLA prefill: d 192, dv 128). page: the
+    KV cache's page size (decode_paged, decode_step), 0 = contiguous."""
     dv = dv or d
     fl = 2.0 * b * hq * (d + dv) * (causal_pairs(sq, sk) if causal else sq * sk)
     el = 1 if dtype == "fp8" else 2
     # bytes a decode step must move: q, k, v read once, out written
     nbytes = el * (b * sq * hq * d + b * sk * hkv * (d + dv)) + 2 * b * sq * hq * dv
     return dict(kind=kind, batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, hdim=d,
-                hdim_v=dv, causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes)
+                hdim_v=dv, causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes, page=page)
 
 
 def make_shapes(args):
@@ -84,6 +94,9 @@ def make_shapes(args):
             out.append(shape("grid", 1, s, s, 2, 2, 64, False, dtype=args.dtype))
             out.append(shape("grid", 1, s, s, 2, 2, 64, True, dtype=args.dtype))
         out.append(shape("decode", 2, 1, 256, 4, 2, 64, False, bwd=False))
+        for p in args.page_sizes:
+            out.append(shape("decode_paged", 2, 1, 256, 4, 2, 64, False, bwd=False, page=p))
+        out.append(shape("decode_step", 2, 1, 255, 4, 2, 64, False, bwd=False, page=16))
         if not args.no_mla:
             out.append(shape("mla", 1, 64, 64, 2, 2, 32, True, dtype=args.dtype, dv=16))
         return out
@@ -111,6 +124,12 @@ def make_shapes(args):
             (32, 4096, 32, 32, 128), (16, 16384, 16, 2, 64), (4, 16384, 32, 4, 256)]
         for b, sk, hq, hkv, d in dec:
             out.append(shape("decode", b, 1, sk, hq, hkv, d, False, bwd=False))
+        for b, sk, hq, hkv, d in dec:
+            for p in args.page_sizes:
+                out.append(shape("decode_paged", b, 1, sk, hq, hkv, d, False, bwd=False, page=p))
+        for b, sk, hq, hkv, d in dec:
+            # the cache holds sk - 1 tokens; the step appends one and attends over sk
+            out.append(shape("decode_step", b, 1, sk, hq, hkv, d, False, bwd=False, page=16))
     if not args.no_fp8:
         f8 = [(128, 8192)] if args.quick else [(128, 8192), (128, 16384), (256, 8192), (256, 16384)]
         for d, s in f8:
@@ -157,6 +176,17 @@ def _leaf(x):
 
 
 def setup_fa3c(sh, inp):
+    if sh["kind"] == "decode_paged":   # one prepared call, as the contiguous decode row's
+        fc = fa3c.prepare_forward(inp["q"], inp["k_cache"], inp["v_cache"], page_table=inp["page_table"],
+                                  seqused_k=inp["seqlens"], num_splits=0)
+        fc.run()
+        return Runner(fc.run, lambda: fc.run()[0])
+    if sh["kind"] == "decode_step":   # what an engine calls: append + rotary + attention
+        f = lambda: fa3c.flash_attn_with_kvcache(  # noqa: E731
+            inp["q"], inp["k_cache"], inp["v_cache"], k=inp["k_new"], v=inp["v_new"], rotary_cos=inp["cos"],
+            rotary_sin=inp["sin"], cache_seqlens=inp["seqlens"], page_table=inp["page_table"],
+            rotary_interleaved=False, num_splits=0)
+        return Runner(f, f)
     ns = 0 if sh["kind"] == "decode" else 1
     kw = dict(causal=sh["causal"], num_splits=ns)
     fc = fa3c.prepare_forward(inp["q"], inp["k"], inp["v"], **kw)
@@ -303,9 +333,56 @@ def setup_fa3(sh, inp):
     return r
 
 
+def _rotate(x, cos, sin):
+    """FA3's non-interleaved rotary on the last dim (rotary_dim = head dim) at one position's
+    cos, sin (head dim / 2 each)."""
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def setup_torch_step(sh, inp):
+    """The decode step of decode_step shapes in PyTorch: q and the new k rotated at position
+    cache_seqlens, the new k, v written into the paged cache, the sequences' pages gathered
+    into a contiguous cache, SDPA (GQA) over it."""
+    if sh["kind"] != "decode_step":
+        raise NotImplementedError("torch_step runs the decode step shapes only")
+    b, sk, hkv, d = sh["batch"], sh["seqlen_k"], sh["heads_kv"], sh["hdim"]
+    page, pos = sh["page"], sh["seqlen_k"] - 1   # every sequence holds sk - 1 tokens before the step
+    table = inp["page_table"].long()
+    rows = torch.arange(b, device=table.device)
+    cos, sin = inp["cos"][pos], inp["sin"][pos]
+
+    def f():
+        kc, vc = inp["k_cache"], inp["v_cache"]
+        slot = table[rows, pos // page]
+        kc[slot, pos % page] = _rotate(inp["k_new"][:, 0], cos, sin)
+        vc[slot, pos % page] = inp["v_new"][:, 0]
+        n = (sk + page - 1) // page
+        kk = kc[table[:, :n]].reshape(b, n * page, hkv, d)[:, :sk]
+        vv = vc[table[:, :n]].reshape(b, n * page, hkv, -1)[:, :sk]
+        qr = _rotate(inp["q"], cos, sin)
+        o = F.scaled_dot_product_attention(qr.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2),
+                                           enable_gqa=sh["heads_q"] != hkv)
+        return o.transpose(1, 2)
+    return Runner(f, f)
+
+
+def step_reference(sh, inp):
+    """decode_step's output in float32 from the inputs as made (before any step ran)."""
+    pos, g = sh["seqlen_k"] - 1, sh["heads_q"] // sh["heads_kv"]
+    cos, sin = inp["cos"][pos].float(), inp["sin"][pos].float()
+    k = torch.cat((inp["k"][:, :pos].float(), _rotate(inp["k_new"].float(), cos, sin)), dim=1)
+    v = torch.cat((inp["v"][:, :pos].float(), inp["v_new"].float()), dim=1)
+    q = _rotate(inp["q"].float(), cos, sin)
+    k, v = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(sh["hdim"])
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+
+
 SETUP = {"fa3c": setup_fa3c, "fa3c_torch": setup_fa3c_torch, "cudnn": _sdpa_setup("cudnn"),
          "fa2": _sdpa_setup("fa2"), "mem_eff": _sdpa_setup("mem_eff"), "math": _sdpa_setup("math"),
-         "flex": setup_flex, "fa3": setup_fa3}
+         "flex": setup_flex, "fa3": setup_fa3, "torch_step": setup_torch_step}
 
 
 # ---- checks ------------------------------------------------------------------------------
@@ -352,6 +429,24 @@ def make_inputs(sh, device):
     if sh["dtype"] == "fp8":
         q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
         inp.update(q=q8, k=k8, v=v8, deq=tuple(x.to(dt) for x in (q8, k8, v8)))
+    if sh.get("page"):
+        # k, v as a paged cache: each sequence's pages scattered over a shuffled pool
+        page, filled = sh["page"], sk - 1 if sh["kind"] == "decode_step" else sk
+        n = (sk + page - 1) // page
+        table = torch.randperm(b * n, device=device).view(b, n)
+        pad = n * page - sk
+        kc = torch.empty(b * n, page, hkv, d, device=device, dtype=dt)
+        vc = torch.empty(b * n, page, hkv, dv, device=device, dtype=dt)
+        kc[table] = F.pad(k, (0, 0, 0, 0, 0, pad)).view(b, n, page, hkv, d)
+        vc[table] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(b, n, page, hkv, dv)
+        inp.update(k_cache=kc, v_cache=vc, page_table=table.to(torch.int32),
+                   seqlens=torch.full((b,), filled, device=device, dtype=torch.int32))
+    if sh["kind"] == "decode_step":   # one new token per sequence, and rotary tables of sk rows
+        ang = torch.arange(sk, device=device, dtype=torch.float32)[:, None] * \
+            (10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))[None, :]
+        inp.update(k_new=torch.randn(b, 1, hkv, d, device=device, dtype=dt),
+                   v_new=torch.randn(b, 1, hkv, dv, device=device, dtype=dt),
+                   cos=torch.cos(ang).to(dt), sin=torch.sin(ang).to(dt))
     return inp
 
 
@@ -361,7 +456,7 @@ def run_shape(sh, impls, timer, log, deadline):
 
     def row(impl, direction, status, **kw):
         r = dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k", "heads_q",
-                                           "heads_kv", "hdim", "hdim_v", "causal", "dtype")},
+                                           "heads_kv", "hdim", "hdim_v", "causal", "dtype", "page")},
                  impl=impl, dir=direction, status=status)
         r.update(kw)
         rows.append(r)
@@ -372,7 +467,11 @@ def run_shape(sh, impls, timer, log, deadline):
     ref_name, ref_out, ref_grads = None, None, None
     ref_sh = dict(sh, dtype="bf16") if sh["dtype"] == "fp8" else sh
     ref_inp = dict(inp, q=inp["deq"][0], k=inp["deq"][1], v=inp["deq"][2]) if inp["deq"] else inp
-    for name in REF_ORDER:
+    if sh["kind"] == "decode_step":
+        ref_name, ref_out = "float32 step", step_reference(sh, inp)
+    impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and
+             (i != "torch_step" or sh["kind"] == "decode_step")]
+    for name in REF_ORDER if ref_out is None else ():
         try:
             r = SETUP[name](ref_sh, ref_inp)
             with r.ctx():
@@ -480,7 +579,8 @@ def load_targets(peers_dir):
 
 def _key(r):
     s = r["shape"]
-    return (s["kind"], s["hdim"], s["causal"], s["seqlen_q"], s["seqlen_k"], s["batch"], s["heads_q"], s["heads_kv"])
+    return (s["kind"], s["hdim"], s["causal"], s["seqlen_q"], s["seqlen_k"], s["batch"], s["heads_q"], s["heads_kv"],
+            s.get("page", 0))
 
 
 def _cell(r, base, metric):
@@ -519,6 +619,9 @@ def markdown(results, impls, targets=None):
               ("mla", "fwd", "MLA prefill forward, %s (q, k head dim 192, v 128)" % dt, "tflops"),
               ("mla", "bwd", "MLA prefill backward, %s" % dt, "tflops"),
               ("decode", "fwd", "Decode (seqlen_q 1), GB/s of q, k, v, out", "gbps"),
+              ("decode_paged", "fwd", "Decode from a paged cache (fa3c; ratio to its contiguous row above)", "gbps"),
+              ("decode_step", "fwd", "Decode step: append one token's k, v to a paged cache (pages of 16), rotary "
+               "on q and k, attention (as users call them; ratio to the same step in PyTorch)", "gbps"),
               ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
     for kind, direction, title, metric in titles:
         table = by.get((kind, direction))
@@ -526,16 +629,20 @@ def markdown(results, impls, targets=None):
             continue
         cols = [i for i in impls if any(i in v for v in table.values())]
         with_target = kind == "grid" and any(k[0] == direction for k in targets)
+        paged = kind in ("decode_paged", "decode_step")
+        base_impl = BASE_IMPL.get(kind, "cudnn")
         lines += ["", "### " + title, ""]
-        lines.append("| hdim | causal | b | sq | sk | hq/hkv | " + " | ".join(cols) +
+        lines.append(("| page " if paged else "") + "| hdim | causal | b | sq | sk | hq/hkv | " + " | ".join(cols) +
                      (" | target | met |" if with_target else " |"))
-        lines.append("|" + "---|" * (6 + len(cols) + (2 if with_target else 0)))
+        lines.append("|" + "---|" * (6 + paged + len(cols) + (2 if with_target else 0)))
         ratios = []
         met = []
         for key in sorted(table):
             rs = table[key]
             s = next(iter(rs.values()))["shape"]
-            base = rs.get("cudnn")
+            base = rs.get(base_impl)
+            if kind == "decode_paged":   # fa3c on the same cache, contiguous
+                base = by.get(("decode", direction), {}).get(("decode",) + key[1:-1] + (0,), {}).get("fa3c")
             f = rs.get("fa3c")
             if f and base and f["status"] == "ok" and base["status"] == "ok":
                 ratios.append(f[metric] / base[metric])
@@ -551,15 +658,16 @@ def markdown(results, impls, targets=None):
                               and f[metric] / base[metric] >= tgt)
                     met.append(ok)
                     tail = " %.2f | %s |" % (tgt, "yes" if ok else "no")
-            lines.append("| %d | %s | %d | %d | %d | %d/%d | %s |%s" % (
+            lines.append(("| %d " % s["page"] if paged else "") + "| %d | %s | %d | %d | %d | %d/%d | %s |%s" % (
                 s["hdim"], "yes" if s["causal"] else "no", s["batch"], s["seqlen_q"], s["seqlen_k"],
                 s["heads_q"], s["heads_kv"], " | ".join(_cell(rs.get(i), base, metric) for i in cols),
                 tail or ""))
         if ratios:
             gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             lines.append("")
-            lines.append("fa3c / cuDNN: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
-                         % (gm, min(ratios), max(ratios), len(ratios),
+            lines.append("fa3c / %s: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
+                         % ({"cudnn": "cuDNN", "torch_step": "the PyTorch step"}.get(base_impl, base_impl)
+                            if kind != "decode_paged" else "fa3c contiguous", gm, min(ratios), max(ratios), len(ratios),
                             "; PEERS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
     bad = [r for r in results["rows"] if r["status"] in ("FAILED", "error")]
     if bad:
@@ -639,6 +747,8 @@ def main():
     ap.add_argument("--no-fwd", action="store_true",
                     help="time only the backward of the grid, GQA and MLA shapes (the forward still runs once)")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--page-sizes", default="1,16,64",
+                    help="page sizes of the paged-cache decode rows (comma list; empty: none)")
     ap.add_argument("--no-gqa", action="store_true")
     ap.add_argument("--no-mla", action="store_true", help="no MLA prefill shapes (q, k 192 / v 128)")
     ap.add_argument("--no-fp8", action="store_true")
@@ -653,6 +763,7 @@ def main():
     args = ap.parse_args()
     args.hdims = [int(x) for x in args.hdims.split(",")]
     args.seqlens = [int(x) for x in args.seqlens.split(",")]
+    args.page_sizes = [int(x) for x in args.page_sizes.split(",") if x]
     DEVICE = args.device
     t0 = time.time()
     deadline = t0 + args.budget
@@ -662,7 +773,7 @@ def main():
         if i not in SETUP:
             ap.error("unknown implementation %r" % i)
     if args.device == "cpu":
-        impls = [i for i in impls if i in ("fa3c", "fa3c_torch")]
+        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step")]
     fa3_desc = load_fa3(args.fa3_path) if "fa3" in impls else None
     if fa3_desc is None and "fa3" in impls:
         impls.remove("fa3")  # not importable: no column of "skipped"
@@ -693,7 +804,7 @@ def main():
         extra = ("%.3f ms %.1f TFLOPS" % (r["ms"], r["tflops"])) if r["status"] == "ok" else (r.get("note") or "")
         err = (" err %.2g" % r["max_err"]) if r.get("max_err") is not None else ""
         print("%-6s %-3s d%-3d %-5s b%-3d sq%-6d sk%-6d h%d/%d %-10s %-4s %-11s %s%s" % (
-            s["kind"], s["dtype"], s["hdim"], "causal" if s["causal"] else "", s["batch"], s["seqlen_q"],
+            s["kind"] + ("/p%d" % s["page"] if s.get("page") else ""), s["dtype"], s["hdim"], "causal" if s["causal"] else "", s["batch"], s["seqlen_q"],
             s["seqlen_k"], s["heads_q"], s["heads_kv"], r["impl"], r["dir"], r["status"], extra, err),
             flush=True)
 
@@ -720,7 +831,7 @@ def main():
             traceback.print_exc()
             results["rows"].append(dict(shape={k: sh[k] for k in ("kind", "batch", "seqlen_q", "seqlen_k",
                                                                    "heads_q", "heads_kv", "hdim", "hdim_v", "causal",
-                                                                   "dtype")},
+                                                                   "dtype", "page")},
                                         impl="*", dir="*", status="error", note=traceback.format_exc()[-300:]))
         results["elapsed_s"] = time.time() - t0
         with open(path_json, "w") as f:
