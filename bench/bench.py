@@ -15,11 +15,14 @@ Implementations (each skipped with a note when unavailable):
   fa3         the official FlashAttention-3, if flash_attn_interface is importable
   torch_step  (decode step rows only) the same step written in PyTorch: rotary, the new
               k/v written into the paged cache, the cache gathered, SDPA
+  fa3c_nosink (sinks rows only) fa3c's call without the sinks: the sinks' cost
 Shapes: the FA3 paper grid (16k tokens, heads = 2048 / hdim, seqlen 512..16k, hdim
 64/128/256, causal and not), GQA prefill, decode (seqlen_q 1, long KV) from a contiguous
 cache and from paged caches (--page-sizes; fa3c only, its GB/s also against its own
 contiguous row), a full decode step (append one token's k/v to a paged cache, rotary on q
-and k, attention: fa3c_with_kvcache against torch_step), fp8 forward.
+and k, attention: fa3c_with_kvcache against torch_step), attention sinks (hdim 128, forward
+and backward, against the same call without them; checked against float32 math), fp8
+forward.
 FLOPs: 4·b·h·sq·sk·d forward (halved for causal), backward 2.5x that.
 
 Before timing, every implementation's output (and gradients) is compared with the
@@ -55,11 +58,11 @@ except ImportError:
     sys.path.insert(0, os.path.join(REPO, "python"))
     import fa3c
 
-IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step"]
+IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step", "fa3c_nosink"]
 # Shapes with implementations of their own: the paged decode runs fa3c alone (the others
 # have no paged cache; its contiguous row has them), the decode step fa3c and torch_step.
-KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step")}
-BASE_IMPL = {"decode_step": "torch_step"}   # the ratio column's baseline (else cuDNN)
+KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step"), "sinks": ("fa3c", "fa3c_nosink")}
+BASE_IMPL = {"decode_step": "torch_step", "sinks": "fa3c_nosink"}   # the ratio column's baseline (else cuDNN)
 REF_ORDER = ["cudnn", "fa2", "mem_eff", "math"]  # first that runs is the reference
 
 
@@ -97,6 +100,7 @@ def make_shapes(args):
         for p in args.page_sizes:
             out.append(shape("decode_paged", 2, 1, 256, 4, 2, 64, False, bwd=False, page=p))
         out.append(shape("decode_step", 2, 1, 255, 4, 2, 64, False, bwd=False, page=16))
+        out.append(shape("sinks", 1, 64, 64, 2, 2, 64, True, dtype=args.dtype))
         if not args.no_mla:
             out.append(shape("mla", 1, 64, 64, 2, 2, 32, True, dtype=args.dtype, dv=16))
         return out
@@ -118,6 +122,10 @@ def make_shapes(args):
     if not args.no_mla:   # MLA prefill (DeepSeek): q, k 192, v 128, 16k tokens
         for c in ((True,) if args.quick else (False, True)):
             out.append(shape("mla", 4, 4096, 4096, 16, 16, 192, c, dtype=args.dtype, dv=128))
+    if not args.no_sinks:   # gpt-oss style sinks: what they cost (issue: at most 3%)
+        for s in ((4096,) if args.quick else (1024, 4096)):
+            for c in (False, True):
+                out.append(shape("sinks", 16384 // s // 4, s, s, 16, 16, 128, c, dtype=args.dtype))
     if not args.no_decode:
         dec = [(8, 8192, 32, 8, 128)] if args.quick else [
             (8, 8192, 32, 8, 128), (8, 32768, 32, 8, 128), (1, 131072, 64, 8, 128),
@@ -187,13 +195,24 @@ def setup_fa3c(sh, inp):
             rotary_sin=inp["sin"], cache_seqlens=inp["seqlens"], page_table=inp["page_table"],
             rotary_interleaved=False, num_splits=0)
         return Runner(f, f)
+    return _setup_fa3c_call(sh, inp, inp.get("sinks"))
+
+
+def setup_fa3c_nosink(sh, inp):
+    if sh["kind"] != "sinks":
+        raise NotImplementedError("fa3c_nosink runs the sinks shapes only")
+    return _setup_fa3c_call(sh, inp, None)
+
+
+def _setup_fa3c_call(sh, inp, sinks):
     ns = 0 if sh["kind"] == "decode" else 1
-    kw = dict(causal=sh["causal"], num_splits=ns)
+    kw = dict(causal=sh["causal"], num_splits=ns, sinks=sinks)
     fc = fa3c.prepare_forward(inp["q"], inp["k"], inp["v"], **kw)
     out, lse = fc.run()
 
     def bwd_setup():
-        bc = fa3c.prepare_backward(inp["dout"], inp["q"], inp["k"], inp["v"], out, lse, causal=sh["causal"])
+        bc = fa3c.prepare_backward(inp["dout"], inp["q"], inp["k"], inp["v"], out, lse, causal=sh["causal"],
+                                   sinks=sinks)
         return bc.run, lambda: bc.run()
     if sh["bwd"]:
         brun, bgrads = bwd_setup()
@@ -368,6 +387,23 @@ def setup_torch_step(sh, inp):
     return Runner(f, f)
 
 
+def sinks_reference(sh, inp, sinks):
+    """out and (dq, dk, dv) of attention with sinks (one logit per query head joining every row's
+    softmax denominator; None: without) in float32 math, from (b, s, h, d) inputs (heads_q ==
+    heads_kv; causal: sq == sk)."""
+    q, k, v = (inp[n].float().requires_grad_(True) for n in "qkv")
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(sh["hdim"])
+    if sh["causal"]:
+        sq = s.shape[-1]
+        s = s.masked_fill(torch.ones(sq, sq, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    if sinks is not None:
+        s = torch.cat((s, sinks.float().view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)), dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :k.shape[1]]
+    out = torch.einsum("bhqk,bkhd->bqhd", p, v)
+    grads = torch.autograd.grad(out, (q, k, v), inp["dout"].float()) if sh["bwd"] else None
+    return out.detach(), grads
+
+
 def step_reference(sh, inp):
     """decode_step's output in float32 from the inputs as made (before any step ran)."""
     pos, g = sh["seqlen_k"] - 1, sh["heads_q"] // sh["heads_kv"]
@@ -382,7 +418,7 @@ def step_reference(sh, inp):
 
 SETUP = {"fa3c": setup_fa3c, "fa3c_torch": setup_fa3c_torch, "cudnn": _sdpa_setup("cudnn"),
          "fa2": _sdpa_setup("fa2"), "mem_eff": _sdpa_setup("mem_eff"), "math": _sdpa_setup("math"),
-         "flex": setup_flex, "fa3": setup_fa3, "torch_step": setup_torch_step}
+         "flex": setup_flex, "fa3": setup_fa3, "torch_step": setup_torch_step, "fa3c_nosink": setup_fa3c_nosink}
 
 
 # ---- checks ------------------------------------------------------------------------------
@@ -441,6 +477,8 @@ def make_inputs(sh, device):
         vc[table] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(b, n, page, hkv, dv)
         inp.update(k_cache=kc, v_cache=vc, page_table=table.to(torch.int32),
                    seqlens=torch.full((b,), filled, device=device, dtype=torch.int32))
+    if sh["kind"] == "sinks":   # one logit per query head
+        inp.update(sinks=torch.randn(hq, device=device, dtype=torch.float32))
     if sh["kind"] == "decode_step":   # one new token per sequence, and rotary tables of sk rows
         ang = torch.arange(sk, device=device, dtype=torch.float32)[:, None] * \
             (10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))[None, :]
@@ -470,7 +508,12 @@ def run_shape(sh, impls, timer, log, deadline):
     if sh["kind"] == "decode_step":
         ref_name, ref_out = "float32 step", step_reference(sh, inp)
     impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and
-             (i != "torch_step" or sh["kind"] == "decode_step")]
+             (i not in ("torch_step", "fa3c_nosink") or i in KIND_IMPLS.get(sh["kind"], ()))]
+    sink_refs = {}
+    if sh["kind"] == "sinks":   # each implementation against its own math: with the sinks, or without
+        for name in impls:
+            sink_refs[name] = sinks_reference(sh, inp, inp["sinks"] if name == "fa3c" else None)
+        ref_name, ref_out = "float32 math", True
     for name in REF_ORDER if ref_out is None else ():
         try:
             r = SETUP[name](ref_sh, ref_inp)
@@ -483,6 +526,8 @@ def run_shape(sh, impls, timer, log, deadline):
             continue
 
     for name in impls:
+        if sink_refs:
+            ref_out, ref_grads = sink_refs[name]
         t_left = deadline - time.time()
         if t_left < 0:
             row(name, "fwd", "skipped", note="time budget spent")
@@ -620,6 +665,8 @@ def markdown(results, impls, targets=None):
               ("mla", "bwd", "MLA prefill backward, %s" % dt, "tflops"),
               ("decode", "fwd", "Decode (seqlen_q 1), GB/s of q, k, v, out", "gbps"),
               ("decode_paged", "fwd", "Decode from a paged cache (fa3c; ratio to its contiguous row above)", "gbps"),
+              ("sinks", "fwd", "Attention sinks, forward, %s (ratio to the same call without sinks)" % dt, "tflops"),
+              ("sinks", "bwd", "Attention sinks, backward (dsinks included), %s" % dt, "tflops"),
               ("decode_step", "fwd", "Decode step: append one token's k, v to a paged cache (pages of 16), rotary "
                "on q and k, attention (as users call them; ratio to the same step in PyTorch)", "gbps"),
               ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
@@ -666,7 +713,8 @@ def markdown(results, impls, targets=None):
             gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             lines.append("")
             lines.append("fa3c / %s: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
-                         % ({"cudnn": "cuDNN", "torch_step": "the PyTorch step"}.get(base_impl, base_impl)
+                         % ({"cudnn": "cuDNN", "torch_step": "the PyTorch step",
+                                "fa3c_nosink": "fa3c without sinks"}.get(base_impl, base_impl)
                             if kind != "decode_paged" else "fa3c contiguous", gm, min(ratios), max(ratios), len(ratios),
                             "; PEERS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
     bad = [r for r in results["rows"] if r["status"] in ("FAILED", "error")]
@@ -751,6 +799,7 @@ def main():
                     help="page sizes of the paged-cache decode rows (comma list; empty: none)")
     ap.add_argument("--no-gqa", action="store_true")
     ap.add_argument("--no-mla", action="store_true", help="no MLA prefill shapes (q, k 192 / v 128)")
+    ap.add_argument("--no-sinks", action="store_true", help="no attention-sink shapes")
     ap.add_argument("--no-fp8", action="store_true")
     ap.add_argument("--fa3-path", default=os.environ.get("FA3_PATH"),
                     help="folder to put on sys.path for the official flash_attn_interface")
@@ -773,7 +822,7 @@ def main():
         if i not in SETUP:
             ap.error("unknown implementation %r" % i)
     if args.device == "cpu":
-        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step")]
+        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step", "fa3c_nosink")]
     fa3_desc = load_fa3(args.fa3_path) if "fa3" in impls else None
     if fa3_desc is None and "fa3" in impls:
         impls.remove("fa3")  # not importable: no column of "skipped"
