@@ -166,7 +166,7 @@ FA3C_HOST_DEVICE int first_key_block(int rel_lo, int m, int block_m, int block_n
 // warp's). The caller adds its own barriers, then fence_barrier_init.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_cta_init(const fa3c_bwd_kernel_params &p, Smem &sm, int n_block, int batch) {
-    sm.seq = bwd_sequence(p, n_block, batch, FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
+    sm.seq = bwd_sequence(p, n_block, batch, Smem::M, FA3C_BWD_BLOCK_N(D));
     sm.seq.m_first = bwd_walk_start(p, sm.seq, n_block, p.num_n_blocks);
     tma_prefetch_map(&p.q_map);
     tma_prefetch_map(&p.k_map);

@@ -6,9 +6,8 @@
 #include "bwd_common.cuh"
 
 // The tile-order dQ of query block m of `head` (fa3c_bwd_dq_tile_offset).
-template <int D>
+template <int D, int M>
 FA3C_DEVICE float *bwd_dq_tile(const fa3c_bwd_kernel_params &p, int batch, int head, int m) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
     return p.dq_accum + (((int64_t)batch * p.heads_q + head) * p.rows_pad + (int64_t)m * M) * D;
 }
 
@@ -34,13 +33,13 @@ FA3C_DEVICE int claim_dq_tile(int *flag) {
 // deterministic = 1 adds in turn from the consumers instead.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D), BYTES = M * D * 4 };
+    enum { M = Smem::M, BYTES = M * D * 4 };
     if (p.dq_semaphore) return;
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     const int blocks = m_end - m_begin;
     for (int it = 0; it < p.group * blocks; it++) {
         const int head = head_kv * p.group + it / blocks, m = bwd_walk_block(it, m_begin, m_end, m_first);
-        float *tile = bwd_dq_tile<D>(p, batch, head, m);
+        float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
         int *flag = p.dq_written ? p.dq_written + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m : nullptr;
         const int claimed = FA3C_BWD_DQ_CLAIM_EARLY && flag ? claim_dq_tile(flag) : -1;
         mbar_wait_parity(&sm.dq_full, it & 1);

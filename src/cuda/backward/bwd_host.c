@@ -151,7 +151,9 @@ fa3c_status fa3c_cuda_bwd(const fa3c_bwd_params *p, void *stream) {
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
     const int d = pr->headdim, fp16 = pr->dtype == FA3C_DTYPE_FP16;
-    const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)), block_m = FA3C_BWD_BLOCK_M(kernel_d);
+    const int kernel_d = FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr));
+    const int masked = pr->window_left >= 0 || fa3c_window_right(pr) >= 0;
+    const int block_m = FA3C_BWD_CALL_BLOCK_M(kernel_d, masked, pr->seqlen_q);
     const int rows_pad = (pr->seqlen_q + block_m - 1) / block_m * block_m;
     fa3c_bwd_kernel_params k;
     if ((s = fill_kernel_params(&k, p, block_m, rows_pad)) != FA3C_STATUS_OK) return s;

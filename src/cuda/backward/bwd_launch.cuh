@@ -13,13 +13,26 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     // Head dims 64-128: bwd_sm90.cuh's kernel; 192 and 256: bwd_wide_sm90.cuh's.
     void (*kernel)(fa3c_bwd_kernel_params);
     size_t smem;
-    if constexpr (D > 128) kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
-    else kernel = bwd_kernel<D, FP16>, smem = bwd_smem_bytes<D>();
-    static int launch_regs = -1;   // one per instance; read and written atomically (prepare_launch)
+    // The host's query block (FA3C_BWD_CALL_BLOCK_M): the instance's own, or at
+    // hdim 128 with FA3C_BWD_HDIM128_SHORT_M64 64 rows for short calls.
+    const int block_m = p->num_m_blocks > 0 ? p->rows_pad / p->num_m_blocks : 0;
+    constexpr bool SHORT_M64 = D == 128 && FA3C_BWD_HDIM128_SHORT_M64 && FA3C_BWD_BLOCK_M(128) != 64;
+    static int launch_regs = -1;   // one per kernel; read and written atomically (prepare_launch)
+    int *regs = &launch_regs;
+    if constexpr (D > 128) {
+        kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
+    } else if constexpr (SHORT_M64) {
+        static int launch_regs_m64 = -1;
+        if (block_m == 64) kernel = bwd_kernel<D, FP16, 64>, smem = bwd_smem_bytes<D, 64>(), regs = &launch_regs_m64;
+        else kernel = bwd_kernel<D, FP16>, smem = bwd_smem_bytes<D>();
+    } else {
+        kernel = bwd_kernel<D, FP16>, smem = bwd_smem_bytes<D>();
+    }
     const int budget = 128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS;
     // The host (C flags) and this kernel (CUDA flags) must agree on the knobs
     // that shape the work: a build that splits them would hang or write past dk.
-    if (p->num_m_blocks * FA3C_BWD_BLOCK_M(D) != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
+    if ((block_m != FA3C_BWD_BLOCK_M(D) && !(SHORT_M64 && block_m == 64)) ||
+        p->num_m_blocks * block_m != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
         p->num_n_blocks != (p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D) || p->section < 1 ||
         FA3C_BWD_KERNEL_HEADDIM(p->headdim > p->headdim_v ? p->headdim : p->headdim_v) != D)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d): the host planned %d-row query blocks "
@@ -27,7 +40,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
                           "knobs differ between the C and CUDA flags)", D,
                           p->rows_pad / (p->num_m_blocks > 0 ? p->num_m_blocks : 1), p->block_n, p->headdim,
                           FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
-    fa3c_status s = prepare_launch(kernel, smem, FA3C_BWD_THREADS, budget, &launch_regs, "backward kernel", D);
+    fa3c_status s = prepare_launch(kernel, smem, FA3C_BWD_THREADS, budget, regs, "backward kernel", D);
     if (s != FA3C_STATUS_OK) return s;
     const dim3 grid((unsigned)((int64_t)p->num_n_blocks * p->heads_kv * p->batch));   // < 2^31: checked by the host
     kernel<<<grid, FA3C_BWD_THREADS, smem, stream>>>(*p);

@@ -38,7 +38,7 @@ FA3C_DEVICE int foreign_query_rows(const fa3c_bwd_kernel_params &p, int tok0, in
 template <int D, class Smem>
 FA3C_DEVICE void load_step_zeroing(const fa3c_bwd_kernel_params &p, Smem &sm, int s, int row0, int head, int m,
                                    int row, int foreign, int &landings) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
+    enum { M = Smem::M };
     uint8_t *dout = sm.dout[Smem::SPLIT_DO ? 0 : s];
     mbar_arrive_expect_tx(&sm.landed, 2 * M * D * 2 + 2 * M * 4);
     bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
@@ -59,7 +59,7 @@ FA3C_DEVICE void load_step_zeroing(const fa3c_bwd_kernel_params &p, Smem &sm, in
 // one slot (do_full, do_empty), freed once dVᵀ has read it, before Q's.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
+    enum { M = Smem::M, N = FA3C_BWD_BLOCK_N(D) };
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     if (m_begin >= m_end) return;
     const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);

@@ -54,9 +54,9 @@ FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 
 // boxes land (fwd_smem.cuh's layout); dS as M / 64 chunks of 128 key rows
 // of 64 queries (MN-major A of dQ = dS·K), or with dQ transposed as 2
 // chunks of M query rows of 64 keys (K-major B of dQᵀ = Kᵀ·dSᵀ).
-template <int D>
+template <int D, int BM = FA3C_BWD_BLOCK_M(D)>
 struct BwdSmem {
-    enum { M = FA3C_BWD_BLOCK_M(D), SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
+    enum { M = BM, SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
     enum { DQ_TRANSPOSED = FA3C_BWD_DQ_TRANSPOSED(D), DQ_REGS = DQ_TRANSPOSED ? M / 2 : 32 };
     alignas(1024) uint8_t k[BWD_N * D * 2];
     alignas(1024) uint8_t v[BWD_N * D * 2];
@@ -81,9 +81,8 @@ struct BwdSmem {
 
 // acc(64 keys x M queries) = X(this warpgroup's 64 rows of the K or V
 // tile) · Y(the Q or dO slot)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
-template <int D, int FP16>
+template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_keys_by_rows(float *acc, const uint8_t *x, const uint8_t *y, int wg) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
     const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + wg * 64 * BWD_ROW_BYTES, 16, BWD_ATOM_BYTES, 128);
     const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128);
 #pragma unroll
@@ -96,9 +95,8 @@ FA3C_DEVICE void gemm_keys_by_rows(float *acc, const uint8_t *x, const uint8_t *
 
 // acc(64 keys x D) += A(64 keys x M queries, registers) · Y(the Q or dO
 // slot, M x D, MN-major: a k-step is 16 rows), as the forward's O += P·V.
-template <int D, int FP16>
+template <int D, int M, int FP16>
 FA3C_DEVICE void gemm_accumulate_rows(float *acc, uint32_t (*a_frag)[4], const uint8_t *y) {
-    enum { M = FA3C_BWD_BLOCK_M(D) };
     const uint64_t y_desc = smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
     for (int kk = 0; kk < M / 16; kk++)
@@ -311,15 +309,15 @@ FA3C_DEVICE void put_dq_tiled(float *buf, uint64_t *dq_full, const float *dq, in
 // ones still, so the chain always ends in a CTA that can go on (FA3 relies
 // on the same launch order). One thread spins and releases; the named
 // barrier carries its acquire to the others and their adds to its release.
-template <int D>
+template <int D, int M>
 FA3C_DEVICE void add_dq_in_turn(const fa3c_bwd_kernel_params &p, const float *dq, int n_block, int batch, int head,
                                 int m, int rel_lo, int wg) {
-    enum { M = FA3C_BWD_BLOCK_M(D), KEY_SPLIT = bwd_dq_key_split(D, M), REGS = BwdSmem<D>::DQ_REGS };
+    enum { KEY_SPLIT = bwd_dq_key_split(D, M), REGS = BwdSmem<D, M>::DQ_REGS };
     int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
     const bool leader = threadIdx.x == 128;   // the first thread of consumer warpgroup 0
     if (leader) wait_counter_at_least(sem, n_block - first_key_block(rel_lo, m, M, BWD_N));
     named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
-    float *tile = bwd_dq_tile<D>(p, batch, head, m);
+    float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
     if (KEY_SPLIT) {
         if (wg == 0) add_dq_tiled<REGS>(tile, dq, 0);
         named_bar_sync(BAR_BWD_DQ_TURN, 128 * FA3C_BWD_CONSUMERS);
@@ -374,12 +372,12 @@ FA3C_DEVICE void stage_key_rows(uint8_t *tile, float *acc, float scale, int wg, 
 
 // Step it's Sᵀ = K·Qᵀ for this warpgroup's 64 keys, once its slot has
 // landed: one commit group.
-template <int D, int FP16>
-FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
+template <int D, int M, int FP16>
+FA3C_DEVICE void issue_scores(float *st, BwdSmem<D, M> &sm, int it, int wg) {
     const int s = it % BWD_STAGES;
     mbar_wait_parity(&sm.full[s], (it / BWD_STAGES) & 1);
     wgmma_fence();
-    gemm_keys_by_rows<D, FP16>(st, sm.k, sm.q[s], wg);
+    gemm_keys_by_rows<D, M, FP16>(st, sm.k, sm.q[s], wg);
     wgmma_commit();
 }
 
@@ -393,10 +391,10 @@ FA3C_DEVICE void issue_scores(float *st, BwdSmem<D> &sm, int it, int wg) {
 //   dQ issued, then dK once dV is done (its P fragments are free);
 //   dQ handed on (writer, atomics or in turn) under dK's GEMM;
 //   the slot released once dK has read Q.
-template <int D, int FP16, bool SOFTCAP>
-FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, int n_block, int head_kv, int batch,
+template <int D, int M, int FP16, bool SOFTCAP>
+FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, int n_block, int head_kv, int batch,
                               int wg) {
-    enum { M = FA3C_BWD_BLOCK_M(D), DQ_TRANSPOSED = BwdSmem<D>::DQ_TRANSPOSED, DQ_REGS = BwdSmem<D>::DQ_REGS };
+    enum { DQ_TRANSPOSED = BwdSmem<D, M>::DQ_TRANSPOSED, DQ_REGS = BwdSmem<D, M>::DQ_REGS };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
     float dk[D / 2], dv[D / 2];
@@ -421,10 +419,10 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         // With softcap at 80 rows dPᵀ is issued once Pᵀ is done: tanh's work
         // beside both accumulators in flight spilled (ptxas).
         constexpr bool DP_AFTER_P = SOFTCAP && M == 80;
-        issue_scores<D, FP16>(st, sm, it, wg);
+        issue_scores<D, M, FP16>(st, sm, it, wg);
         if (!DP_AFTER_P) {
             wgmma_fence();
-            gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+            gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
             wgmma_commit();
         }
 
@@ -457,7 +455,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
             bwd_probs<M, FP16, SOFTCAP>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
             if (DP_AFTER_P) {
                 wgmma_fence();
-                gemm_keys_by_rows<D, FP16>(dpt, sm.v, sm.dout[s], wg);
+                gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
                 wgmma_commit();
             }
             if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
@@ -477,7 +475,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         else store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
         wgmma_fence();
-        gemm_accumulate_rows<D, FP16>(dv, p_frag, sm.dout[s]);
+        gemm_accumulate_rows<D, M, FP16>(dv, p_frag, sm.dout[s]);
         wgmma_commit();
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         // At M = 80 dV is waited for before dQ's GEMM is issued (1-3% faster
@@ -492,19 +490,19 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
         wgmma_commit();
         if (!DV_BEFORE_DQ) wgmma_wait<1>();   // dV is done: p_frag is free
         wgmma_fence();
-        gemm_accumulate_rows<D, FP16>(dk, ds_frag, sm.q[s]);
+        gemm_accumulate_rows<D, M, FP16>(dk, ds_frag, sm.q[s]);
         wgmma_commit();
         wgmma_wait<1>();   // dQ is done; dK runs on
         bwd_fence_regs<DQ_REGS>(dq);
 
         // dQ added under dK's GEMM.
         if (p.dq_semaphore) {
-            add_dq_in_turn<D>(p, dq, n_block, batch, head, m, rel_lo, wg);
+            add_dq_in_turn<D, M>(p, dq, n_block, batch, head, m, rel_lo, wg);
         } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
             if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
             put_dq_tiled<DQ_REGS>(sm.dq, &sm.dq_full, dq, wg);
         } else {
-            add_dq_tiled<DQ_REGS>(bwd_dq_tile<D>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
+            add_dq_tiled<DQ_REGS>(bwd_dq_tile<D, M>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
         }
 
         wgmma_wait<0>();
@@ -540,13 +538,15 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D> &sm, i
 // ---- the kernel --------------------------------------------------------------------
 
 // Grid: 1-D, p.num_n_blocks x heads_kv x batch CTAs (fa3c_bwd_tile_of_cta).
-template <int D, int FP16>
+// M: the query block's rows (bwd_tiles.h: FA3C_BWD_BLOCK_M(D), or at hdim 128
+// 64 for the calls FA3C_BWD_HDIM128_SHORT_M64 gives them).
+template <int D, int FP16, int M = FA3C_BWD_BLOCK_M(D)>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 64 || D == 128, "this kernel: head dims 64 and 128 (96 on 128's)");
     static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
                   "setmaxnreg budgets past the register file");
     extern __shared__ uint8_t smem_raw[];
-    BwdSmem<D> &sm = *(BwdSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    BwdSmem<D, M> &sm = *(BwdSmem<D, M> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     int n_block, head_kv, batch;
     fa3c_bwd_tile_of_cta(blockIdx.x, p.num_n_blocks, p.heads_kv, p.batch, p.section, &n_block, &head_kv, &batch);
 
@@ -568,14 +568,14 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         else if (FA3C_BWD_WRITER_ON(D) && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
-        if (p.softcap != 0.f) bwd_consumer<D, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
-        else bwd_consumer<D, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+        if (p.softcap != 0.f) bwd_consumer<D, M, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+        else bwd_consumer<D, M, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
     }
 }
 
 // Dynamic smem a launch needs (the +1024 lets the kernel align the base).
-template <int D>
+template <int D, int M = FA3C_BWD_BLOCK_M(D)>
 static size_t bwd_smem_bytes(void) {
-    static_assert(sizeof(BwdSmem<D>) + 1024 <= 227 * 1024, "the backward kernel's smem exceeds what a block may use");
-    return sizeof(BwdSmem<D>) + 1024;
+    static_assert(sizeof(BwdSmem<D, M>) + 1024 <= 227 * 1024, "the backward kernel's smem exceeds what a block may use");
+    return sizeof(BwdSmem<D, M>) + 1024;
 }

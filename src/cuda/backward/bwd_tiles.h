@@ -48,6 +48,23 @@
 #if FA3C_BWD_HDIM128_BLOCK_M != 64 && FA3C_BWD_HDIM128_BLOCK_M != 80
 #error "FA3C_BWD_HDIM128_BLOCK_M: 64 or 80"
 #endif
+/* 1: hdim 128's calls with a mask (causal or a window) of at most 2048
+ * queries, and every call of at most 512, run in 64-row blocks (a second
+ * kernel per dtype), where 80 rows waste more on padding and on blocks the
+ * diagonal cuts (80 vs 64 without the staged epilogue: -8% causal at 512,
+ * -2% to -3% causal at 1k-2k, -3% at 512 without a mask; docs/KNOBS.md);
+ * 0: every call in FA3C_BWD_HDIM128_BLOCK_M rows. */
+#ifndef FA3C_BWD_HDIM128_SHORT_M64
+#define FA3C_BWD_HDIM128_SHORT_M64 0
+#endif
+/* The query block of a call: its kernel's head dim d, whether a mask or
+ * window is set, the longest sequence's queries. */
+#define FA3C_BWD_CALL_BLOCK_M(d, masked, seqlen_q)                                                  \
+    ((d) == 128 && FA3C_BWD_HDIM128_SHORT_M64 && FA3C_BWD_BLOCK_M(128) != 64 &&                     \
+             ((seqlen_q) <= 512 || ((masked) && (seqlen_q) <= 2048))                                  \
+         ? 64                                                                                         \
+         : FA3C_BWD_BLOCK_M(d))
+
 /* Is dQ computed transposed (dQᵀ = Kᵀ·dSᵀ) by the kernel of head dim d?
  * The hdim-128 kernel's, whose 80-row query blocks cannot be wgmma's M. */
 #define FA3C_BWD_DQ_TRANSPOSED(d) ((d) == 128)

@@ -429,7 +429,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             // half 1, dKᵀ; half 1 added while dKᵀ runs. dO's slot is freed
             // once dVᵀ is done, Q's once dKᵀ is. Deterministic: both halves
             // in one turn (add_dq_in_turn's protocol).
-            float *tile = bwd_dq_tile<D>(p, batch, head, m);
+            float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
             int *sem = p.dq_semaphore ? p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m
                                       : nullptr;
             const bool leader = threadIdx.x == 128;
@@ -489,7 +489,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             wgmma_commit();
             wgmma_wait<1>();
             bwd_fence_regs<S::DQ_N / 2>(dq);
-            float *tile = bwd_dq_tile<D>(p, batch, head, m);
+            float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
             if (p.dq_semaphore) {   // deterministic: the key blocks that see block m add in turn (add_dq_in_turn)
                 int *sem = p.dq_semaphore + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m;
                 const bool leader = threadIdx.x == 128;
