@@ -17,7 +17,7 @@ enum {
     PREP_LANES = 8,                  // threads per row, 8 elements each per pass
     PREP_THREADS = PREP_ROWS * PREP_LANES,
     DQ_THREADS = 128,                // one piece of the accumulator per dq CTA (fa3c_bwd_dq_tile_offset)
-    DQ_ROWS = 128,                   // the dq kernel's staging tile: rows of a piece, at most
+    DQ_ROWS = 80,                    // the dq kernel's staging tile: rows of a piece, at most (dq_piece_rows)
     DQ_PITCH = 64 + 8,               // its row pitch, in 16-bit elements
     DSINK_THREADS = 512              // one CTA per head sums its rows of every batch
 };
@@ -265,6 +265,9 @@ extern "C" fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, vo
 }
 
 extern "C" fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
+    if (dq_piece_rows(*p) > DQ_ROWS)   // a block size the staging tile was not sized for
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward: the dq kernel stages at most %d rows, the main "
+                          "kernel's query blocks have %d", (int)DQ_ROWS, dq_piece_rows(*p));
     const dim3 grid((unsigned)(p->rows_pad / dq_piece_rows(*p) * (p->accum_cols / 64)), (unsigned)p->heads_q,
                     (unsigned)p->batch);
     FA3C_BWD_AUX_LAUNCH(bwd_dq_kernel, grid, DQ_THREADS, fp16, vector_ok(p->dq, p->dq_stride), *p, stream);
