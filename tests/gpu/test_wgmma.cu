@@ -228,7 +228,8 @@ TEST(wgmma_rs_pv_64x128x64) {
 // MN-major (wgmma_ss_mn). out: dQ (80 x 128) from hdim 128's transposed
 // form (M = 80: dS stored by query rows with store_ds_by_queries, dQᵀ =
 // Kᵀ·dSᵀ of columns [64 wg, +64) over all keys, wg = 0, 1, by
-// gemm_dq_transposed); out64: dQ (128 x 64) of
+// gemm_dq_transposed; out64t: the same form with 64 queries, the 64-row
+// blocks' of FA3C_BWD_HDIM128_SHORT_M64); out64: dQ (128 x 64) of
 // K's first 64 columns from hdim 64's split (M = 128: query rows [64 wg,
 // +64), all columns over all keys); out64k: dQ (64 x 64) from hdim 64's
 // split with 64-row blocks (all columns over keys [64 wg, +64), summed).
@@ -249,9 +250,9 @@ __device__ void stage_ds(uint8_t *sds, const __nv_bfloat16 *dst) {
 }
 
 __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *dst128, const __nv_bfloat16 *dst80,
-                                const __nv_bfloat16 *k, float *out, float *out64, float *out64k) {
+                                const __nv_bfloat16 *k, float *out, float *out64t, float *out64, float *out64k) {
     uint8_t *sk = smem_base(), *sk64 = sk + 128 * 128 * 2, *sds = sk64 + 128 * 64 * 2, *sds128 = sds + 128 * 64 * 2;
-    uint8_t *sds80 = sds128 + 128 * 128 * 2;
+    uint8_t *sds80 = sds128 + 128 * 128 * 2, *sds64q = sds80 + 128 * 80 * 2;
     for (int i = threadIdx.x; i < 128 * 128; i += blockDim.x) {
         int r = i / 128, c = i % 128;
         *(__nv_bfloat16 *)(sk + sw128_offset(128, r, c)) = k[i];
@@ -260,6 +261,7 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *d
     stage_ds<64>(sds, dst);
     stage_ds<128>(sds128, dst128);
     stage_ds<80, true>(sds80, dst80);
+    stage_ds<64, true>(sds64q, dst);
     fence_proxy_async_smem();
     __syncthreads();
     int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
@@ -272,6 +274,14 @@ __global__ void wgmma_dq_kernel(const __nv_bfloat16 *dst, const __nv_bfloat16 *d
         for (int i = 0; i < 40; i++) {   // accumulator rows: columns; its columns: queries
             int col = 16 * w + g + 8 * ((i / 2) % 2), query = 8 * (i / 4) + 2 * q + (i % 2);
             out[query * 128 + wg * 64 + col] = dt[i];
+        }
+        wgmma_fence();
+        gemm_dq_transposed<64, 0>(d, sds64q, sk, wg);
+        wgmma_commit();
+        wgmma_wait<0>();
+        for (int i = 0; i < 32; i++) {
+            int col = 16 * w + g + 8 * ((i / 2) % 2), query = 8 * (i / 4) + 2 * q + (i % 2);
+            out64t[query * 128 + wg * 64 + col] = d[i];
         }
         wgmma_fence();
         gemm_dq<64, 128, 0>(d, sds128, sk64, wg);
@@ -296,19 +306,20 @@ TEST(wgmma_bwd_dq_forms) {
     REQUIRE_SM90();
     gpu_rng_seed(2024);
     static __nv_bfloat16 hds[128 * 64], hds128[128 * 128], hds80[128 * 80], hk[128 * 128];
-    static float fds[128 * 64], fds128[128 * 128], fds80[128 * 80], fk[128 * 128], out[80 * 128], out64[128 * 64],
-        out64k[64 * 64];
+    static float fds[128 * 64], fds128[128 * 128], fds80[128 * 80], fk[128 * 128], out[80 * 128], out64t[64 * 128],
+        out64[128 * 64], out64k[64 * 64];
     fill_bf16(hds, fds, 128 * 64);
     fill_bf16(hds128, fds128, 128 * 128);
     fill_bf16(hds80, fds80, 128 * 80);
     fill_bf16(hk, fk, 128 * 128);
     __nv_bfloat16 *dds, *dds128, *dds80, *dk;
-    float *dout, *dout64, *dout64k;
+    float *dout, *dout64t, *dout64, *dout64k;
     CUDA_OK(cudaMalloc(&dds, sizeof hds));
     CUDA_OK(cudaMalloc(&dds128, sizeof hds128));
     CUDA_OK(cudaMalloc(&dds80, sizeof hds80));
     CUDA_OK(cudaMalloc(&dk, sizeof hk));
     CUDA_OK(cudaMalloc(&dout, sizeof out));
+    CUDA_OK(cudaMalloc(&dout64t, sizeof out64t));
     CUDA_OK(cudaMalloc(&dout64, sizeof out64));
     CUDA_OK(cudaMalloc(&dout64k, sizeof out64k));
     CUDA_OK(cudaMemcpy(dds, hds, sizeof hds, cudaMemcpyHostToDevice));
@@ -316,17 +327,19 @@ TEST(wgmma_bwd_dq_forms) {
     CUDA_OK(cudaMemcpy(dds80, hds80, sizeof hds80, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dk, hk, sizeof hk, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dout, 0xFF, sizeof out));
+    CUDA_OK(cudaMemset(dout64t, 0xFF, sizeof out64t));
     CUDA_OK(cudaMemset(dout64, 0xFF, sizeof out64));
     CUDA_OK(cudaMemset(dout64k, 0xFF, sizeof out64k));
-    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 128 * 128 * 2 + 128 * 80 * 2 + 1024;
+    int smem = 128 * 128 * 2 + 128 * 64 * 2 + 128 * 64 * 2 + 128 * 128 * 2 + 128 * 80 * 2 + 128 * 64 * 2 + 1024;
     CUDA_OK(cudaFuncSetAttribute(wgmma_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dds128, dds80, dk, dout, dout64, dout64k);
+    wgmma_dq_kernel<<<1, 128, smem>>>(dds, dds128, dds80, dk, dout, dout64t, dout64, dout64k);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(out64t, dout64t, sizeof out64t, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(out64, dout64, sizeof out64, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(out64k, dout64k, sizeof out64k, cudaMemcpyDeviceToHost));
-    double maxerr = 0, maxerr64 = 0, maxerr64k = 0;
+    double maxerr = 0, maxerr64t = 0, maxerr64 = 0, maxerr64k = 0;
     for (int i = 0; i < 80; i++)
         for (int j = 0; j < 128; j++) {
             double ref = 0;   // dQ[i][j] = sum over keys n of dS[i][n] K[n][j], dS[i][n] = dSᵀ[n][i]
@@ -335,11 +348,15 @@ TEST(wgmma_bwd_dq_forms) {
             if (!(e <= maxerr)) maxerr = isnan(e) ? INFINITY : e;
         }
     for (int i = 0; i < 64; i++)
-        for (int j = 0; j < 64; j++) {
+        for (int j = 0; j < 128; j++) {
             double ref = 0;
             for (int n = 0; n < 128; n++) ref += (double)fds[n * 64 + i] * fk[n * 128 + j];
-            double e = fabs(ref - out64k[i * 64 + j]);
-            if (!(e <= maxerr64k)) maxerr64k = isnan(e) ? INFINITY : e;
+            double e = fabs(ref - out64t[i * 128 + j]);
+            if (!(e <= maxerr64t)) maxerr64t = isnan(e) ? INFINITY : e;
+            if (j < 64) {
+                e = fabs(ref - out64k[i * 64 + j]);
+                if (!(e <= maxerr64k)) maxerr64k = isnan(e) ? INFINITY : e;
+            }
         }
     for (int i = 0; i < 128; i++)
         for (int j = 0; j < 64; j++) {
@@ -348,12 +365,13 @@ TEST(wgmma_bwd_dq_forms) {
             double e = fabs(ref - out64[i * 64 + j]);
             if (!(e <= maxerr64)) maxerr64 = isnan(e) ? INFINITY : e;
         }
-    printf("wgmma dQ = dS K max abs error: hdim 128 (dQᵀ, 80 queries) %.3g, hdim 64 splits: rows %.3g, keys %.3g\n",
-           maxerr, maxerr64, maxerr64k);
+    printf("wgmma dQ = dS K max abs error: hdim 128 (dQᵀ, 80 / 64 queries) %.3g / %.3g, hdim 64 splits: rows %.3g, "
+           "keys %.3g\n", maxerr, maxerr64t, maxerr64, maxerr64k);
     CHECK(maxerr < 1e-3, "hdim 128 transposed: max error %g", maxerr);
+    CHECK(maxerr64t < 1e-3, "hdim 128 transposed, 64 queries: max error %g", maxerr64t);
     CHECK(maxerr64 < 1e-3, "hdim 64 row split: max error %g", maxerr64);
     CHECK(maxerr64k < 1e-3, "hdim 64 key split: max error %g", maxerr64k);
-    cudaFree(dds); cudaFree(dds128); cudaFree(dds80); cudaFree(dk); cudaFree(dout); cudaFree(dout64); cudaFree(dout64k);
+    cudaFree(dds); cudaFree(dds128); cudaFree(dds80); cudaFree(dk); cudaFree(dout); cudaFree(dout64t); cudaFree(dout64); cudaFree(dout64k);
 }
 
 // Byte offset of (row, col) in an 8-bit tile of rows x 128 bytes with the

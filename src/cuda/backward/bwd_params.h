@@ -25,7 +25,7 @@ typedef struct fa3c_bwd_kernel_params {
     CUtensorMap lse_map, dsum_map;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv;   /* seqlen_*: the longest sequence's */
     int group;                 /* heads_q / heads_kv: one CTA walks the query heads of its K/V head */
-    int rows_pad;              /* seqlen_q rounded up to FA3C_BWD_BLOCK_M(headdim): the row count of the scratch */
+    int rows_pad;              /* seqlen_q rounded up to the call's query block (FA3C_BWD_CALL_BLOCK_M): the scratch's rows */
     /* Variable length (NULL = fixed): batch + 1 prefix sums of the query /
      * key counts, and the keys used per sequence, device memory (the API's). */
     const int *cu_seqlens_q, *cu_seqlens_k, *seqused_k;
@@ -53,7 +53,7 @@ typedef struct fa3c_bwd_kernel_params {
      * 1 = a key block is storing it, 2 = stored, the others add to it
      * (bwd_dq_writer). */
     int *dq_written;
-    int num_m_blocks;          /* rows_pad / FA3C_BWD_BLOCK_M(headdim) */
+    int num_m_blocks;          /* rows_pad / the call's query block */
     /* dk (scaled by softmax_scale) and dv, written by the main kernel:
      * element strides (batch, seqlen, heads), all even, headdim stride 1. */
     void *dk, *dv;
@@ -105,7 +105,7 @@ typedef struct fa3c_bwd_prep_params {
     void *dq;
     int64_t dq_stride[3];
     int batch, seqlen_q, heads_q, headdim, rows_pad;
-    int block_m;               /* FA3C_BWD_BLOCK_M: the main kernel's query block */
+    int block_m;               /* FA3C_BWD_CALL_BLOCK_M: the main kernel's query block */
     int accum_cols;            /* dq_accum's row length: the kernel's head dim (128 for hdim 96) */
     float softmax_scale;
     const float *sinks;        /* problem.sinks and their gradient's output (fa3c_bwd_dsinks); NULL = none */

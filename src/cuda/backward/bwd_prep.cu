@@ -258,6 +258,11 @@ static bool vector_ok(const void *data, const int64_t *stride) {
     } while (0)
 
 extern "C" fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
+    // The call's first launch: refuse a block size the dq kernel's staging tile was not sized for
+    // before anything runs.
+    if (dq_piece_rows(*p) > DQ_ROWS)
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward: the dq kernel stages at most %d rows, the main "
+                          "kernel's query blocks have %d", (int)DQ_ROWS, dq_piece_rows(*p));
     const dim3 grid((unsigned)((p->rows_pad + PREP_ROWS - 1) / PREP_ROWS), (unsigned)p->heads_q, (unsigned)p->batch);
     const bool vec = vector_ok(p->out, p->out_stride) && vector_ok(p->dout, p->dout_stride);
     FA3C_BWD_AUX_LAUNCH(bwd_prep_kernel, grid, PREP_THREADS, fp16, vec, *p, stream);
@@ -265,9 +270,6 @@ extern "C" fa3c_status fa3c_bwd_prep(const fa3c_bwd_prep_params *p, int fp16, vo
 }
 
 extern "C" fa3c_status fa3c_bwd_write_dq(const fa3c_bwd_prep_params *p, int fp16, void *stream) {
-    if (dq_piece_rows(*p) > DQ_ROWS)   // a block size the staging tile was not sized for
-        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward: the dq kernel stages at most %d rows, the main "
-                          "kernel's query blocks have %d", (int)DQ_ROWS, dq_piece_rows(*p));
     const dim3 grid((unsigned)(p->rows_pad / dq_piece_rows(*p) * (p->accum_cols / 64)), (unsigned)p->heads_q,
                     (unsigned)p->batch);
     FA3C_BWD_AUX_LAUNCH(bwd_dq_kernel, grid, DQ_THREADS, fp16, vector_ok(p->dq, p->dq_stride), *p, stream);
