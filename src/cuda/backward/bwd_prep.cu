@@ -17,7 +17,7 @@ enum {
     PREP_LANES = 8,                  // threads per row, 8 elements each per pass
     PREP_THREADS = PREP_ROWS * PREP_LANES,
     DQ_THREADS = 128,                // one piece of the accumulator per dq CTA (fa3c_bwd_dq_tile_offset)
-    DQ_ROWS = 80,                    // the dq kernel's staging tile: rows of a piece, at most (dq_piece_rows)
+    DQ_ROWS = 128,                   // the dq kernel's staging tile: rows of a piece, at most (dq_piece_rows)
     DQ_PITCH = 64 + 8,               // its row pitch, in 16-bit elements
     DSINK_THREADS = 512              // one CTA per head sums its rows of every batch
 };

@@ -395,6 +395,10 @@ template <int D, int M, int FP16, bool SOFTCAP>
 FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, int n_block, int head_kv, int batch,
                               int wg) {
     enum { DQ_TRANSPOSED = BwdSmem<D, M>::DQ_TRANSPOSED, DQ_REGS = BwdSmem<D, M>::DQ_REGS };
+    // Softcap at 80 rows: tanh's work beside both score accumulators in flight
+    // spilled (ptxas), so dPᵀ is issued once Pᵀ is done, and P·tanh' waits for
+    // it in smem (bwd_probs) rather than in registers.
+    constexpr bool SOFTCAP_80 = SOFTCAP && M == 80;
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
     float dk[D / 2], dv[D / 2];
@@ -416,11 +420,8 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
         float st[M / 2], dpt[M / 2];
-        // With softcap at 80 rows dPᵀ is issued once Pᵀ is done: tanh's work
-        // beside both accumulators in flight spilled (ptxas).
-        constexpr bool DP_AFTER_P = SOFTCAP && M == 80;
         issue_scores<D, M, FP16>(st, sm, it, wg);
-        if (!DP_AFTER_P) {
+        if (!SOFTCAP_80) {
             wgmma_fence();
             gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
             wgmma_commit();
@@ -440,7 +441,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
         // Pᵀ under dPᵀ's GEMM, then dSᵀ. (dV issued between the two, so that
         // dSᵀ runs under its GEMM, measured no faster.)
         uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
-        if constexpr (SOFTCAP && M != 80) {
+        if constexpr (SOFTCAP && !SOFTCAP_80) {
             wgmma_wait<0>();
             bwd_fence_regs<M / 2>(st);
             bwd_fence_regs<M / 2>(dpt);
@@ -450,10 +451,10 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
             // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
             // free until the dS stores below (after a barrier of the warpgroup).
             uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
-            wgmma_wait<DP_AFTER_P ? 0 : 1>();
+            wgmma_wait<SOFTCAP_80 ? 0 : 1>();
             bwd_fence_regs<M / 2>(st);
             bwd_probs<M, FP16, SOFTCAP>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
-            if (DP_AFTER_P) {
+            if (SOFTCAP_80) {
                 wgmma_fence();
                 gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
                 wgmma_commit();
@@ -470,7 +471,7 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
         // warpgroups' dQ(it - 2) was complete.
         uint8_t *ds = sm.ds[it % 2];
         probs_to_fragments<M, FP16>(dpt, ds_frag);
-        if (SOFTCAP && M == 80) named_bar_sync(BAR_BWD_STAGED + wg, 128);   // its ps read (bwd_grads)
+        if (SOFTCAP_80) named_bar_sync(BAR_BWD_STAGED + wg, 128);   // its ps read (bwd_grads)
         if (DQ_TRANSPOSED) store_ds_by_queries<M>(ds, ds_frag, wg, warp);
         else store_ds<M>(ds, ds_frag, wg, warp);
         fence_proxy_async_smem();
