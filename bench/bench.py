@@ -509,6 +509,8 @@ def run_shape(sh, impls, timer, log, deadline):
         ref_name, ref_out = "float32 step", step_reference(sh, inp)
     impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and
              (i not in ("torch_step", "fa3c_nosink") or i in KIND_IMPLS.get(sh["kind"], ()))]
+    if "fa3c" in impls and BASE_IMPL.get(sh["kind"]) not in (None, *impls):
+        impls.append(BASE_IMPL[sh["kind"]])   # these rows' ratio is to their own baseline: run it too
     sink_refs = {}
     if sh["kind"] == "sinks":   # each implementation against its own math: with the sinks, or without
         for name in impls:

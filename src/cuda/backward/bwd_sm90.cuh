@@ -164,10 +164,11 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // p_frag here, and P times tanh's derivative, which dS takes once tanh's
 // argument is gone, to ps as fp16 pairs (its values are in [0, 1]), pair i
 // at ps[128 i]: this thread's slots in smem, as the registers at 80 query
-// rows have no room for them (bwd_consumer). The compares cost less than
-// they seem: the step waits on the MUFU's ex2 throughput, and the issue
-// slots have room beside it.
-template <int M, int FP16, bool SOFTCAP>
+// rows have no room for them (bwd_consumer). MASKED = false: no compares,
+// for the steps tile_seen_whole passes (at hdim 64 the two compares and the
+// select were about 40% of the element-wise instructions, and the step is
+// issue-bound there: docs/BACKWARD.md).
+template <int M, int FP16, bool SOFTCAP, bool MASKED>
 FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
                            const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
@@ -187,7 +188,7 @@ FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint3
                     slope[e] = 1.f - t * t;
                 }
                 float x = score * p.score_log2 - (e ? lse.y : lse.x);
-                if (!(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
+                if (MASKED && !(8 * j + e >= lo[r] && 8 * j + e <= hi[r])) x = -INFINITY;
                 prob[e] = ex2f(x);
                 if (!SOFTCAP) st[i] = prob[e];
             }
@@ -228,7 +229,7 @@ FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
 // there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
 // derivative.
-template <int M, bool SOFTCAP>
+template <int M, bool SOFTCAP, bool MASKED>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
@@ -241,7 +242,7 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e;
-                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
+                const bool seen = !MASKED || (8 * j + e >= lo[r] && 8 * j + e <= hi[r]);
                 float score = st[i], slope = 1.f;
                 if (SOFTCAP) {
                     const float t = tanh_approx(score * p.softcap_pre);
@@ -381,24 +382,136 @@ FA3C_DEVICE void issue_scores(float *st, BwdSmem<D, M> &sm, int it, int wg) {
     wgmma_commit();
 }
 
-// SOFTCAP: p.softcap != 0, a copy of its own, picked once per CTA rather
-// than branched on inside the loop.
-//
-// One step, in FA3's order, so that element-wise work and the dQ handoff
-// run under the tensor cores' GEMMs:
+// Does every key row k_start + [0, BWD_N) see every query column q0 + [0,
+// M) (seen_columns' terms)? No keys before own_lo (a shifted tile's rows of
+// the block before) or from sk on, and every (key, query) pair inside the
+// band [rel_lo, rel_hi]. Padding query rows need no mask: their P is 0
+// through LSE = +inf. Then the step needs no compares (bwd_step).
+FA3C_HOST_DEVICE bool tile_seen_whole(int k_start, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int cols) {
+    const long long k0 = k_start, k1 = k0 + BWD_N - 1, q1 = (long long)q0 + cols - 1;
+    return k0 >= own_lo && k1 < sk && k1 - q0 <= rel_hi && k0 - q1 >= rel_lo;
+}
+
+// One step of the walk (query block m of head `head`), in FA3's order, so
+// that element-wise work and the dQ handoff run under the tensor cores' GEMMs:
 //   Sᵀ, dPᵀ issued (two groups); Pᵀ once Sᵀ is done, under dPᵀ's GEMM; dSᵀ;
 //   dSᵀ to smem; dV issued; the barrier (both warpgroups' dSᵀ in smem);
 //   dQ issued, then dK once dV is done (its P fragments are free);
 //   dQ handed on (writer, atomics or in turn) under dK's GEMM;
 //   the slot released once dK has read Q.
-template <int D, int M, int FP16, bool SOFTCAP>
-FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, int n_block, int head_kv, int batch,
-                              int wg) {
+// MASKED: Pᵀ compares each element against the mask; a copy without the
+// compares takes the steps tile_seen_whole passes.
+template <int D, int M, int FP16, bool SOFTCAP, bool MASKED>
+FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, int it, int m, int head, int n_block,
+                          int batch, int wg, int warp, int lane, float *dk, float *dv) {
     enum { DQ_TRANSPOSED = BwdSmem<D, M>::DQ_TRANSPOSED, DQ_REGS = BwdSmem<D, M>::DQ_REGS };
     // Softcap at 80 rows: tanh's work beside both score accumulators in flight
     // spilled (ptxas), so dPᵀ is issued once Pᵀ is done, and P·tanh' waits for
     // it in smem (bwd_probs) rather than in registers.
     constexpr bool SOFTCAP_80 = SOFTCAP && M == 80;
+    const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
+    const int s = it % BWD_STAGES;
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
+    float st[M / 2], dpt[M / 2];
+    issue_scores<D, M, FP16>(st, sm, it, wg);
+    if (!SOFTCAP_80) {
+        wgmma_fence();
+        gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
+        wgmma_commit();
+    }
+
+    // Which elements this thread's rows see (seen_columns).
+    const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_shifted));
+    const int rel_lo = BWD_SEQ(sm, rel_lo);
+    int lo[2] = {0, 0}, hi[2] = {M, M};
+    if (MASKED) {
+        const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, quad = lane % 4;
+        const int sk = BWD_SEQ(sm, sk), rel_hi = BWD_SEQ(sm, rel_hi);
+        seen_columns(key0, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[0], hi[0]);
+        seen_columns(key0 + 8, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
+    }
+
+    // Pᵀ under dPᵀ's GEMM, then dSᵀ. (dV issued between the two, so that
+    // dSᵀ runs under its GEMM, measured no faster.)
+    uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
+    if constexpr (SOFTCAP && !SOFTCAP_80) {
+        wgmma_wait<0>();
+        bwd_fence_regs<M / 2>(st);
+        bwd_fence_regs<M / 2>(dpt);
+        probs_and_grads<M, true, MASKED>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        probs_to_fragments<M, FP16>(st, p_frag);
+    } else {
+        // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
+        // free until the dS stores below (after a barrier of the warpgroup).
+        uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
+        wgmma_wait<SOFTCAP_80 ? 0 : 1>();
+        bwd_fence_regs<M / 2>(st);
+        bwd_probs<M, FP16, SOFTCAP, MASKED>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
+        if (SOFTCAP_80) {
+            wgmma_fence();
+            gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
+            wgmma_commit();
+        }
+        if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
+        wgmma_wait<0>();
+        bwd_fence_regs<M / 2>(dpt);
+        bwd_grads<M, SOFTCAP>(dpt, st, ps, smem_addr(sm.dsum[s]));
+    }
+
+    // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is
+    // issued (an in-flight wgmma's registers are not to be touched).
+    // Buffer it % 2: the barrier of step it - 1 came after both
+    // warpgroups' dQ(it - 2) was complete.
+    uint8_t *ds = sm.ds[it % 2];
+    probs_to_fragments<M, FP16>(dpt, ds_frag);
+    if (SOFTCAP_80) named_bar_sync(BAR_BWD_STAGED + wg, 128);   // its ps read (bwd_grads)
+    if (DQ_TRANSPOSED) store_ds_by_queries<M>(ds, ds_frag, wg, warp);
+    else store_ds<M>(ds, ds_frag, wg, warp);
+    fence_proxy_async_smem();
+    wgmma_fence();
+    gemm_accumulate_rows<D, M, FP16>(dv, p_frag, sm.dout[s]);
+    wgmma_commit();
+    named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
+    // At M = 80 dV is waited for before dQ's GEMM is issued (1-3% faster
+    // at 1k-16k than after, when P's and dS's fragments and dQ's
+    // accumulators are live together: docs/KNOBS.md).
+    constexpr bool DV_BEFORE_DQ = M == 80;
+    if (DV_BEFORE_DQ) wgmma_wait<0>();
+    float dq[DQ_REGS];
+    wgmma_fence();
+    if constexpr (DQ_TRANSPOSED) gemm_dq_transposed<M, FP16>(dq, ds, sm.k, wg);
+    else gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
+    wgmma_commit();
+    if (!DV_BEFORE_DQ) wgmma_wait<1>();   // dV is done: p_frag is free
+    wgmma_fence();
+    gemm_accumulate_rows<D, M, FP16>(dk, ds_frag, sm.q[s]);
+    wgmma_commit();
+    wgmma_wait<1>();   // dQ is done; dK runs on
+    bwd_fence_regs<DQ_REGS>(dq);
+
+    // dQ added under dK's GEMM.
+    if (p.dq_semaphore) {
+        add_dq_in_turn<D, M>(p, dq, n_block, batch, head, m, rel_lo, wg);
+    } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
+        if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
+        put_dq_tiled<DQ_REGS>(sm.dq, &sm.dq_full, dq, wg);
+    } else {
+        add_dq_tiled<DQ_REGS>(bwd_dq_tile<D, M>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
+    }
+
+    wgmma_wait<0>();
+    // dK has read Q: the slot's Q, dO, LSE and dsum are free.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&sm.empty[s]);
+}
+
+// The walk of consumer warpgroup wg, then its dK and dV out. SOFTCAP:
+// p.softcap != 0, a copy of its own, picked once per CTA rather than
+// branched on inside the loop.
+template <int D, int M, int FP16, bool SOFTCAP>
+FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, int n_block, int head_kv, int batch,
+                              int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
     const int row_in_tile = wg * 64 + warp * 16 + lane / 4;   // this thread's key rows: this and + 8
     float dk[D / 2], dv[D / 2];
@@ -416,100 +529,17 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), steps = p.group * (m_end - m_begin);
     int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     for (int it = 0; it < steps; it++) {
-        const int s = it % BWD_STAGES;
-
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warpgroup's 64 keys, two commit groups.
-        float st[M / 2], dpt[M / 2];
-        issue_scores<D, M, FP16>(st, sm, it, wg);
-        if (!SOFTCAP_80) {
-            wgmma_fence();
-            gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
-            wgmma_commit();
+        // A step whose every element the CTA's keys see needs no mask
+        // compares (bwd_step): without a mask or window, every step but a
+        // sequence's last key block's.
+        bool whole = false;
+        if (!SOFTCAP && FA3C_BWD_UNMASKED_STEPS) {
+            const int q0 = fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_shifted));
+            whole = tile_seen_whole(BWD_SEQ(sm, k_start), n_block * BWD_N, BWD_SEQ(sm, sk), BWD_SEQ(sm, rel_lo),
+                                    BWD_SEQ(sm, rel_hi), q0, M);
         }
-
-        // Which elements this thread's rows see (seen_columns).
-        const int sq = BWD_SEQ(sm, sq), q0 = fa3c_bwd_rows_start(m, M, sq, BWD_SEQ(sm, q_shifted));
-        const int rel_lo = BWD_SEQ(sm, rel_lo);
-        int lo[2], hi[2];
-        {
-            const int key0 = BWD_SEQ(sm, k_start) + row_in_tile, own_lo = n_block * BWD_N, quad = lane % 4;
-            const int sk = BWD_SEQ(sm, sk), rel_hi = BWD_SEQ(sm, rel_hi);
-            seen_columns(key0, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[0], hi[0]);
-            seen_columns(key0 + 8, own_lo, sk, rel_lo, rel_hi, q0, M, quad, lo[1], hi[1]);
-        }
-
-        // Pᵀ under dPᵀ's GEMM, then dSᵀ. (dV issued between the two, so that
-        // dSᵀ runs under its GEMM, measured no faster.)
-        uint32_t p_frag[M / 16][4], ds_frag[M / 16][4];
-        if constexpr (SOFTCAP && !SOFTCAP_80) {
-            wgmma_wait<0>();
-            bwd_fence_regs<M / 2>(st);
-            bwd_fence_regs<M / 2>(dpt);
-            probs_and_grads<M, true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
-            probs_to_fragments<M, FP16>(st, p_frag);
-        } else {
-            // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
-            // free until the dS stores below (after a barrier of the warpgroup).
-            uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
-            wgmma_wait<SOFTCAP_80 ? 0 : 1>();
-            bwd_fence_regs<M / 2>(st);
-            bwd_probs<M, FP16, SOFTCAP>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
-            if (SOFTCAP_80) {
-                wgmma_fence();
-                gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
-                wgmma_commit();
-            }
-            if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
-            wgmma_wait<0>();
-            bwd_fence_regs<M / 2>(dpt);
-            bwd_grads<M, SOFTCAP>(dpt, st, ps, smem_addr(sm.dsum[s]));
-        }
-
-        // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is
-        // issued (an in-flight wgmma's registers are not to be touched).
-        // Buffer it % 2: the barrier of step it - 1 came after both
-        // warpgroups' dQ(it - 2) was complete.
-        uint8_t *ds = sm.ds[it % 2];
-        probs_to_fragments<M, FP16>(dpt, ds_frag);
-        if (SOFTCAP_80) named_bar_sync(BAR_BWD_STAGED + wg, 128);   // its ps read (bwd_grads)
-        if (DQ_TRANSPOSED) store_ds_by_queries<M>(ds, ds_frag, wg, warp);
-        else store_ds<M>(ds, ds_frag, wg, warp);
-        fence_proxy_async_smem();
-        wgmma_fence();
-        gemm_accumulate_rows<D, M, FP16>(dv, p_frag, sm.dout[s]);
-        wgmma_commit();
-        named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
-        // At M = 80 dV is waited for before dQ's GEMM is issued (1-3% faster
-        // at 1k-16k than after, when P's and dS's fragments and dQ's
-        // accumulators are live together: docs/KNOBS.md).
-        constexpr bool DV_BEFORE_DQ = M == 80;
-        if (DV_BEFORE_DQ) wgmma_wait<0>();
-        float dq[DQ_REGS];
-        wgmma_fence();
-        if constexpr (DQ_TRANSPOSED) gemm_dq_transposed<M, FP16>(dq, ds, sm.k, wg);
-        else gemm_dq<D, M, FP16>(dq, ds, sm.k, wg);
-        wgmma_commit();
-        if (!DV_BEFORE_DQ) wgmma_wait<1>();   // dV is done: p_frag is free
-        wgmma_fence();
-        gemm_accumulate_rows<D, M, FP16>(dk, ds_frag, sm.q[s]);
-        wgmma_commit();
-        wgmma_wait<1>();   // dQ is done; dK runs on
-        bwd_fence_regs<DQ_REGS>(dq);
-
-        // dQ added under dK's GEMM.
-        if (p.dq_semaphore) {
-            add_dq_in_turn<D, M>(p, dq, n_block, batch, head, m, rel_lo, wg);
-        } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
-            if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
-            put_dq_tiled<DQ_REGS>(sm.dq, &sm.dq_full, dq, wg);
-        } else {
-            add_dq_tiled<DQ_REGS>(bwd_dq_tile<D, M>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
-        }
-
-        wgmma_wait<0>();
-        // dK has read Q: the slot's Q, dO, LSE and dsum are free.
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&sm.empty[s]);
+        if (!whole) bwd_step<D, M, FP16, SOFTCAP, true>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
+        else if constexpr (!SOFTCAP) bwd_step<D, M, FP16, SOFTCAP, false>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
         if (++m == m_end) m = m_begin;   // the walk wraps (bwd_walk_start)
         if (m == BWD_SEQ(sm, m_first)) head++;
     }
@@ -540,8 +570,13 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
 
 // Grid: 1-D, p.num_n_blocks x heads_kv x batch CTAs (fa3c_bwd_tile_of_cta).
 // M: the query block's rows (bwd_tiles.h: FA3C_BWD_BLOCK_M(D), or at hdim 128
-// 64 for the calls FA3C_BWD_HDIM128_SHORT_M64 gives them).
-template <int D, int FP16, int M = FA3C_BWD_BLOCK_M(D)>
+// 64 for the calls FA3C_BWD_HDIM128_SHORT_M64 gives them). FORM: which
+// consumers it has, BWD_PLAIN and BWD_SOFTCAP (p.softcap != 0) each alone, or
+// BWD_EITHER, both, picked per CTA. ptxas fits them to the registers apart at
+// 80 rows (together, the unmasked steps made it spill softcap's) and together
+// at 64 and 128 (hdim 64's softcap kernel on its own spilled).
+enum { BWD_PLAIN, BWD_SOFTCAP, BWD_EITHER };
+template <int D, int FP16, int M = FA3C_BWD_BLOCK_M(D), int FORM = BWD_EITHER>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 64 || D == 128, "this kernel: head dims 64 and 128 (96 on 128's)");
     static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
@@ -569,8 +604,10 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
         else if (FA3C_BWD_WRITER_ON(D) && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
-        if (p.softcap != 0.f) bwd_consumer<D, M, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
-        else bwd_consumer<D, M, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+        if (FORM == BWD_SOFTCAP || (FORM == BWD_EITHER && p.softcap != 0.f))
+            bwd_consumer<D, M, FP16, true>(p, sm, n_block, head_kv, batch, warpgroup - 1);
+        else
+            bwd_consumer<D, M, FP16, false>(p, sm, n_block, head_kv, batch, warpgroup - 1);
     }
 }
 

@@ -167,6 +167,17 @@
 #define FA3C_BWD_STAGED_EPILOGUE 1
 #endif
 
+/* 1: the narrow kernel's steps that no mask cuts (tile_seen_whole: without
+ * a mask or window, every step but a sequence's last key block's) in a copy
+ * of the step without the mask's compares, which were about 40% of the
+ * element-wise instructions of hdim 64's issue-bound Pᵀ (docs/BACKWARD.md);
+ * at 80 rows the softcap form is then a kernel of its own (bwd_kernel's
+ * FORM). 0: every step with the compares. Off until its GPU tests and A/B
+ * (docs/KNOBS.md). */
+#ifndef FA3C_BWD_UNMASKED_STEPS
+#define FA3C_BWD_UNMASKED_STEPS 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
