@@ -676,10 +676,10 @@ def markdown(results, impls, targets=None):
         table = by.get((kind, direction))
         if not table:
             continue
-        cols = [i for i in impls if any(i in v for v in table.values())]
+        base_impl = BASE_IMPL.get(kind, "cudnn")
+        cols = [i for i in impls + [base_impl] * (base_impl not in impls) if any(i in v for v in table.values())]
         with_target = kind == "grid" and any(k[0] == direction for k in targets)
         paged = kind in ("decode_paged", "decode_step")
-        base_impl = BASE_IMPL.get(kind, "cudnn")
         lines += ["", "### " + title, ""]
         lines.append(("| page " if paged else "") + "| hdim | causal | b | sq | sk | hq/hkv | " + " | ".join(cols) +
                      (" | target | met |" if with_target else " |"))

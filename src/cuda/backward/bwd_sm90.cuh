@@ -530,16 +530,19 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
     int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     for (int it = 0; it < steps; it++) {
         // A step whose every element the CTA's keys see needs no mask
-        // compares (bwd_step): without a mask or window, every step but a
-        // sequence's last key block's.
+        // compares (bwd_step, FA3C_BWD_UNMASKED_STEPS): without a mask or
+        // window every step but a sequence's last key block's, under a causal
+        // mask every step off the diagonal.
         bool whole = false;
         if (!SOFTCAP && FA3C_BWD_UNMASKED_STEPS) {
             const int q0 = fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_shifted));
             whole = tile_seen_whole(BWD_SEQ(sm, k_start), n_block * BWD_N, BWD_SEQ(sm, sk), BWD_SEQ(sm, rel_lo),
                                     BWD_SEQ(sm, rel_hi), q0, M);
         }
-        if (!whole) bwd_step<D, M, FP16, SOFTCAP, true>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
-        else if constexpr (!SOFTCAP) bwd_step<D, M, FP16, SOFTCAP, false>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
+        if (!whole)
+            bwd_step<D, M, FP16, SOFTCAP, true>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
+        else if constexpr (!SOFTCAP)
+            bwd_step<D, M, FP16, SOFTCAP, false>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
         if (++m == m_end) m = m_begin;   // the walk wraps (bwd_walk_start)
         if (m == BWD_SEQ(sm, m_first)) head++;
     }
