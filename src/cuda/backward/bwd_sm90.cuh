@@ -382,13 +382,14 @@ FA3C_DEVICE void issue_scores(float *st, BwdSmem<D, M> &sm, int it, int wg) {
     wgmma_commit();
 }
 
-// Does every key row k_start + [0, BWD_N) see every query column q0 + [0,
-// M) (seen_columns' terms)? No keys before own_lo (a shifted tile's rows of
-// the block before) or from sk on, and every (key, query) pair inside the
+// Does every key row k_start + [0, keys) see every query column q0 + [0,
+// cols) (seen_columns' terms)? No keys before own_lo (a shifted tile's rows
+// of the block before) or from sk on, and every (key, query) pair inside the
 // band [rel_lo, rel_hi]. Padding query rows need no mask: their P is 0
 // through LSE = +inf. Then the step needs no compares (bwd_step).
-FA3C_HOST_DEVICE bool tile_seen_whole(int k_start, int own_lo, int sk, int rel_lo, int rel_hi, int q0, int cols) {
-    const long long k0 = k_start, k1 = k0 + BWD_N - 1, q1 = (long long)q0 + cols - 1;
+FA3C_HOST_DEVICE bool tile_seen_whole(int k_start, int keys, int own_lo, int sk, int rel_lo, int rel_hi, int q0,
+                                      int cols) {
+    const long long k0 = k_start, k1 = k0 + keys - 1, q1 = (long long)q0 + cols - 1;
     return k0 >= own_lo && k1 < sk && k1 - q0 <= rel_hi && k0 - q1 >= rel_lo;
 }
 
@@ -536,8 +537,8 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
         bool whole = false;
         if (!SOFTCAP && FA3C_BWD_UNMASKED_STEPS) {
             const int q0 = fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_shifted));
-            whole = tile_seen_whole(BWD_SEQ(sm, k_start), n_block * BWD_N, BWD_SEQ(sm, sk), BWD_SEQ(sm, rel_lo),
-                                    BWD_SEQ(sm, rel_hi), q0, M);
+            whole = tile_seen_whole(BWD_SEQ(sm, k_start), BWD_N, n_block * BWD_N, BWD_SEQ(sm, sk),
+                                    BWD_SEQ(sm, rel_lo), BWD_SEQ(sm, rel_hi), q0, M);
         }
         if (!whole)
             bwd_step<D, M, FP16, SOFTCAP, true>(p, sm, it, m, head, n_block, batch, wg, warp, lane, dk, dv);
