@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define FA3C_VERSION_MAJOR 0
-#define FA3C_VERSION_MINOR 6
+#define FA3C_VERSION_MINOR 7
 #define FA3C_VERSION_PATCH 0
 /* 10000*major + 100*minor + patch */
 #define FA3C_VERSION (FA3C_VERSION_MAJOR * 10000 + FA3C_VERSION_MINOR * 100 + FA3C_VERSION_PATCH)
@@ -75,6 +75,9 @@ typedef struct fa3c_tensor {
 
 /* Largest seqlen_q, seqlen_k (and page_size) any backend accepts. */
 #define FA3C_MAX_SEQLEN (1 << 30)
+
+/* Rows per block of the e4m3 forward's block descales (fa3c_fwd_params). */
+#define FA3C_FP8_BLOCK_ROWS 128
 
 /* The attention problem shared by forward and backward. */
 typedef struct fa3c_problem {
@@ -157,6 +160,17 @@ typedef struct fa3c_fwd_params {
      * softmax_scale 0 means 1/sqrt(headdim + headdim_v). Not with E4M3; the
      * CPU backends only: the CUDA backend returns NOT_SUPPORTED for now. */
     fa3c_tensor qv;
+    /* E4M3 only (NULL = 1.0): float32 descales per block of
+     * FA3C_FP8_BLOCK_ROWS rows, multiplying q_descale, k_descale, v_descale
+     * (the true value is stored value * descale * block descale):
+     * q_block_descale (batch, heads_q, ceil(seqlen_q / 128)), k_ and
+     * v_block_descale (batch, heads_kv, ceil(seqlen_k / 128)), contiguous,
+     * seqlen_q / seqlen_k the maxima with cu_seqlens or a page table. A row's
+     * block is its position in its sequence / 128: query i's is i / 128, key
+     * j's is (leftpad_k + j) / 128, the key's row in its sequence's cache
+     * (contiguous, packed or paged alike). CPU backends only: the CUDA
+     * backend returns NOT_SUPPORTED for now. */
+    const float *q_block_descale, *k_block_descale, *v_block_descale;
 } fa3c_fwd_params;
 
 typedef struct fa3c_bwd_params {

@@ -27,6 +27,8 @@ static const layout_entry layout[] = {
     FIELD(fa3c_fwd_params, v), FIELD(fa3c_fwd_params, out), FIELD(fa3c_fwd_params, lse),
     FIELD(fa3c_fwd_params, q_descale), FIELD(fa3c_fwd_params, k_descale), FIELD(fa3c_fwd_params, v_descale),
     FIELD(fa3c_fwd_params, num_splits), FIELD(fa3c_fwd_params, backend), FIELD(fa3c_fwd_params, qv),
+    FIELD(fa3c_fwd_params, q_block_descale), FIELD(fa3c_fwd_params, k_block_descale),
+    FIELD(fa3c_fwd_params, v_block_descale),
     SIZE(fa3c_bwd_params), FIELD(fa3c_bwd_params, problem), FIELD(fa3c_bwd_params, q), FIELD(fa3c_bwd_params, k),
     FIELD(fa3c_bwd_params, v), FIELD(fa3c_bwd_params, out), FIELD(fa3c_bwd_params, dout),
     FIELD(fa3c_bwd_params, lse), FIELD(fa3c_bwd_params, dq), FIELD(fa3c_bwd_params, dk), FIELD(fa3c_bwd_params, dv),

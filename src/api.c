@@ -39,6 +39,7 @@ typedef struct call_desc {
     int ntensors;
     const float *lse;
     const float *descale[3]; /* forward only */
+    const float *block_descale[3]; /* forward only: per block of FA3C_FP8_BLOCK_ROWS rows */
     float *dsinks;           /* backward only */
     fa3c_backend backend;
     int check_device;        /* fa3c_*_check_device: read the device-resident arrays too, on stream */
@@ -46,6 +47,13 @@ typedef struct call_desc {
 } call_desc;
 
 static const char *const descale_names[3] = {"q_descale", "k_descale", "v_descale"};
+static const char *const block_descale_names[3] = {"q_block_descale", "k_block_descale", "v_block_descale"};
+
+/* Entries of block descale i (q, k, v): (batch, heads, ceil(seqlen / FA3C_FP8_BLOCK_ROWS)). */
+static int64_t block_descale_count(const fa3c_problem *pr, int i) {
+    const int64_t rows = i == 0 ? pr->seqlen_q : pr->seqlen_k, heads = i == 0 ? pr->heads_q : pr->heads_kv;
+    return (int64_t)pr->batch * heads * ((rows + FA3C_FP8_BLOCK_ROWS - 1) / FA3C_FP8_BLOCK_ROWS);
+}
 
 static const char *dtype_name(fa3c_dtype d) {
     switch (d) {
@@ -244,6 +252,8 @@ static int collect_memory(const call_desc *c, int host_arrays, arg_mem *m) {
     k = add_array(m, k, "problem.page_table", pr->page_table, pages, 4, 0);
     for (int i = 0; i < 3; i++)
         k = add_array(m, k, descale_names[i], c->descale[i], (int64_t)pr->batch * pr->heads_kv, 4, 0);
+    for (int i = 0; i < 3; i++)
+        k = add_array(m, k, block_descale_names[i], c->block_descale[i], block_descale_count(pr, i), 4, 0);
     k = add_array(m, k, "problem.sinks", pr->sinks, pr->heads_q, 4, 0);
     k = add_array(m, k, "dsinks", c->dsinks, pr->heads_q, 4, 1);
     return k;
@@ -279,7 +289,7 @@ static fa3c_status check_memory_kind(const char *name, const void *ptr, fa3c_bac
 }
 
 static fa3c_status resolve_backend(const call_desc *c, fa3c_backend *out) {
-    arg_mem m[24];
+    arg_mem m[28];
     const int n = collect_memory(c, 0, m);
     int usable;
     fa3c_status s = pick_backend(c->backend, c->tensors[0].t->data, out, &usable);
@@ -348,13 +358,14 @@ static fa3c_status check_host_arrays(const call_desc *c) {
             }
         }
     }
-    for (int i = 0; i < 3; i++) {
-        const float *d = c->descale[i];
+    for (int i = 0; i < 6; i++) {
+        const float *d = i < 3 ? c->descale[i] : c->block_descale[i - 3];
         if (!d) continue;
-        for (int64_t j = 0; j < (int64_t)pr->batch * pr->heads_kv; j++)
+        const int64_t n = i < 3 ? (int64_t)pr->batch * pr->heads_kv : block_descale_count(pr, i - 3);
+        for (int64_t j = 0; j < n; j++)
             if (!isfinite(d[j]) || d[j] <= 0)
-                return fa3c_error(BAD, "%s[%lld]: must be finite and > 0 (got %g)", descale_names[i], (long long)j,
-                                  (double)d[j]);
+                return fa3c_error(BAD, "%s[%lld]: must be finite and > 0 (got %g)",
+                                  i < 3 ? descale_names[i] : block_descale_names[i - 3], (long long)j, (double)d[j]);
     }
     return FA3C_STATUS_OK;
 }
@@ -540,7 +551,7 @@ static int touches_nothing(const arg_mem *a) {
 }
 
 static fa3c_status check_aliasing(const call_desc *c, int host_arrays) {
-    arg_mem m[24];
+    arg_mem m[28];
     const int n = collect_memory(c, host_arrays, m);
     for (int i = 0; i < n; i++) {
         if (!m[i].is_output || touches_nothing(&m[i])) continue;
@@ -605,6 +616,7 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         if (copy[8]) h.leftpad_k = (const int32_t *)copy[8];
         for (int i = 0; i < 3; i++)
             if (copy[4 + i]) hc.descale[i] = (const float *)copy[4 + i];
+        for (int i = 0; i < 3; i++) hc.block_descale[i] = NULL;   /* not read: the CUDA backend refuses them */
         s = check_host_arrays(&hc);
         if (s == FA3C_STATUS_OK) s = check_extents(&hc, 1);
     }
@@ -636,7 +648,9 @@ static fa3c_status validate(const call_desc *c, fa3c_backend *resolved) {
         (s = check_host_array_ptr("dsinks", c->dsinks, 4)) != FA3C_STATUS_OK)
         return s;
     for (int i = 0; i < 3; i++)
-        if ((s = check_host_array_ptr(descale_names[i], c->descale[i], 4)) != FA3C_STATUS_OK) return s;
+        if ((s = check_host_array_ptr(descale_names[i], c->descale[i], 4)) != FA3C_STATUS_OK ||
+            (s = check_host_array_ptr(block_descale_names[i], c->block_descale[i], 4)) != FA3C_STATUS_OK)
+            return s;
 
     if ((s = resolve_backend(c, resolved)) != FA3C_STATUS_OK) return s;
     int host_arrays = *resolved != FA3C_BACKEND_CUDA;
@@ -668,17 +682,20 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     if ((s = check_problem_scalars(pr, 0)) != FA3C_STATUS_OK) return s;
     if (p->num_splits < 0) return fa3c_error(BAD, "num_splits: must be >= 0, 0 = auto (got %d)", p->num_splits);
     const float *descale[3] = {p->q_descale, p->k_descale, p->v_descale};
+    const float *block_descale[3] = {p->q_block_descale, p->k_block_descale, p->v_block_descale};
     for (int i = 0; i < 3; i++)
-        if (descale[i] && pr->dtype != FA3C_DTYPE_E4M3)
-            return fa3c_error(BAD, "%s: only valid with dtype E4M3 (dtype is %s)", descale_names[i],
-                              dtype_name(pr->dtype));
+        if ((descale[i] || block_descale[i]) && pr->dtype != FA3C_DTYPE_E4M3)
+            return fa3c_error(BAD, "%s: only valid with dtype E4M3 (dtype is %s)",
+                              descale[i] ? descale_names[i] : block_descale_names[i], dtype_name(pr->dtype));
     *out = *p;
     if (problem_is_empty(pr, 0)) return check_backend_value(p->backend);
 
     int in = dtype_size(pr->dtype);
     int out_size = pr->dtype == FA3C_DTYPE_E4M3 ? 2 : in; /* E4M3 in -> BF16 out */
     call_desc c = {.is_bwd = 0, .pr = pr, .lse = p->lse, .backend = p->backend, .ntensors = 4,
-                   .descale = {p->q_descale, p->k_descale, p->v_descale}, .check_device = check_device,
+                   .descale = {p->q_descale, p->k_descale, p->v_descale},
+                   .block_descale = {p->q_block_descale, p->k_block_descale, p->v_block_descale},
+                   .check_device = check_device,
                    .stream = stream};
     const int d = pr->headdim, dv = fa3c_headdim_v(pr);
     c.tensors[0] = (tensor_arg){"q", &p->q, ROWS_Q, pr->heads_q, in, 0, d};
@@ -694,6 +711,10 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
     if (p->qv.data && backend == FA3C_BACKEND_CUDA)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "qv: not on the CUDA backend yet (the CPU backends take it)");
+    for (int i = 0; i < 3; i++)
+        if (block_descale[i] && backend == FA3C_BACKEND_CUDA)
+            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s: not on the CUDA backend yet (the CPU backends take it)",
+                              block_descale_names[i]);
 
     out->backend = backend;
     out->problem.softmax_scale = fa3c_softmax_scale(pr, p->qv.data != NULL);

@@ -73,6 +73,19 @@ static inline int64_t fa3c_k_offset(const fa3c_problem *pr, const fa3c_tensor *t
     return row + (int64_t)h * t->stride[2];
 }
 
+/* The e4m3 block descale (fa3c_fwd_params.q_block_descale, k_, v_: which =
+ * 0, 1, 2) of row `pos` of sequence b, head `head` (a query head for q, a
+ * K/V head for k and v): 1 without one. pos is the row's position in its
+ * sequence: query i, or key j's leftpad_k[b] + j (its row in the cache). */
+static inline float fa3c_block_descale(const fa3c_fwd_params *p, int which, int b, int head, int pos) {
+    const float *d = which == 0 ? p->q_block_descale : which == 1 ? p->k_block_descale : p->v_block_descale;
+    if (!d) return 1.0f;
+    const fa3c_problem *pr = &p->problem;
+    const int64_t rows = which == 0 ? pr->seqlen_q : pr->seqlen_k, heads = which == 0 ? pr->heads_q : pr->heads_kv;
+    const int64_t blocks = (rows + FA3C_FP8_BLOCK_ROWS - 1) / FA3C_FP8_BLOCK_ROWS;
+    return d[((int64_t)b * heads + head) * blocks + pos / FA3C_FP8_BLOCK_ROWS];
+}
+
 /* Index of (b, h, i) in the LSE array: (batch, heads, seqlen_q), or (heads, total_q) with varlen. */
 static inline int64_t fa3c_lse_index(const fa3c_problem *pr, int b, int h, int i) {
     if (pr->cu_seqlens_q) {

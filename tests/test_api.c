@@ -634,6 +634,20 @@ TEST(descales) {
     bad[2] = NAN; FWD_FAIL(f, p, INVALID, "k_descale[2]");
     p.k_descale = f.descale; p.v_descale = (const float *)((const char *)f.descale + 1);
     FWD_FAIL(f, p, INVALID, "v_descale: must be aligned");
+
+    /* Block descales: (batch, heads, one block of 128 rows) here, E4M3 only, finite and > 0. */
+    float qb[B * HQ] = {1, 2, 1, 1, 1, 1, 1, 1}, kb[B * HKV] = {1, 1, 1, 1};
+    p = f.fwd; p.q_block_descale = qb;
+    FWD_FAIL(f, p, INVALID, "q_block_descale: only valid with dtype E4M3 (dtype is BF16)");
+    p.problem.dtype = FA3C_DTYPE_E4M3; p.k_block_descale = p.v_block_descale = kb; FWD_OK(p);
+    qb[7] = -1; FWD_FAIL(f, p, INVALID, "q_block_descale[7]: must be finite and > 0");
+    qb[7] = 1; kb[1] = INFINITY; FWD_FAIL(f, p, INVALID, "k_block_descale[1]: must be finite and > 0");
+    kb[1] = 1; p.v_block_descale = (const float *)((const char *)kb + 2);
+    FWD_FAIL(f, p, INVALID, "v_block_descale: must be aligned");
+    p.v_block_descale = kb; p.out.data = kb;   /* an output over the input arrays */
+    FWD_FAIL(f, p, INVALID, "out.data: must not overlap");
+    p = f.fwd; p.problem.dtype = FA3C_DTYPE_E4M3; p.k_block_descale = kb; p.backend = FA3C_BACKEND_CUDA;
+    if (!fa3c_cuda_available()) FWD_FAIL(f, p, FA3C_STATUS_NO_DEVICE, "backend: CUDA");
     fixture_free(&f);
 }
 
@@ -726,8 +740,8 @@ TEST(version) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", FA3C_VERSION_MAJOR, FA3C_VERSION_MINOR, FA3C_VERSION_PATCH);
     CHECK(strcmp(fa3c_version(), want) == 0, "'%s' vs '%s'", fa3c_version(), want);
-    CHECK(strcmp(fa3c_version(), "0.6.0") == 0, "'%s'", fa3c_version());
-    CHECK(FA3C_VERSION == 600, "%d", FA3C_VERSION);
+    CHECK(strcmp(fa3c_version(), "0.7.0") == 0, "'%s'", fa3c_version());
+    CHECK(FA3C_VERSION == 700, "%d", FA3C_VERSION);
 }
 
 TEST(params_init) {

@@ -80,6 +80,9 @@ class FwdParams(ctypes.Structure):
         ("num_splits", ctypes.c_int),
         ("backend", ctypes.c_int),
         ("qv", Tensor),
+        ("q_block_descale", ctypes.c_void_p),
+        ("k_block_descale", ctypes.c_void_p),
+        ("v_block_descale", ctypes.c_void_p),
     ]
 
 
@@ -180,7 +183,7 @@ def _candidates():
 MIRRORED_STRUCTS = {"fa3c_tensor": Tensor, "fa3c_problem": Problem, "fa3c_fwd_params": FwdParams,
                     "fa3c_bwd_params": BwdParams, "fa3c_append_params": AppendParams,
                     "fa3c_quantize_params": QuantizeParams}
-PACKAGE_VERSION = "0.6.0"   # fa3c.__version__: the library this package was written against
+PACKAGE_VERSION = "0.7.0"   # fa3c.__version__: the library this package was written against
 
 
 def check_abi(lib, where="libfa3c"):

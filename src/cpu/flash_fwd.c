@@ -49,8 +49,11 @@ static void load_kv(const fwd_ctx *c, fwd_ws *w, int b, int hk, int j0, int nk, 
     for (int jj = 0; jj < BN; jj++) {
         float *vr = w->V + (int64_t)jj * c->dvp;
         if (jj < nk) {
-            load_row_f(w->row, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 1), d, dp, kd);
-            load_row_f(vr, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 1), c->dv, c->dvp, vd);
+            const int pos = fa3c_leftpad_k_of(&c->pr, b) + j0 + jj;   /* the key's row in its cache */
+            load_row_f(w->row, p->k.data, c->dt, fa3c_k_offset(&c->pr, &p->k, b, j0 + jj, hk, 1), d, dp,
+                       kd * fa3c_block_descale(p, 1, b, hk, pos));
+            load_row_f(vr, p->v.data, c->dt, fa3c_k_offset(&c->pr, &p->v, b, j0 + jj, hk, 1), c->dv, c->dvp,
+                       vd * fa3c_block_descale(p, 2, b, hk, pos));
             for (int x = 0; x < c->qk; x++) w->Kt[(int64_t)x * BN + jj] = x < dp ? w->row[x] : vr[x - dp];
         } else {
             for (int x = 0; x < c->qk; x++) w->Kt[(int64_t)x * BN + jj] = 0.0f;
@@ -115,7 +118,8 @@ FA3C_HOT static void fwd_block(const fwd_ctx *c, fwd_ws *w, int b, int h, int i0
     for (int r = 0; r < BM; r++) {
         float *qrow = w->Q + (int64_t)r * c->qw;
         if (r < nrows) {
-            load_row_f(qrow, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i0 + r, h), d, dp, qmul);
+            load_row_f(qrow, p->q.data, c->dt, fa3c_q_offset(pr, &p->q, b, i0 + r, h), d, dp,
+                       qmul * fa3c_block_descale(p, 0, b, h, i0 + r));
             if (p->qv.data)
                 load_row_f(qrow + dp, p->qv.data, c->dt, fa3c_q_offset(pr, &p->qv, b, i0 + r, h), dv, dvp,
                            pr->softmax_scale);

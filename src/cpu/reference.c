@@ -80,8 +80,11 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
             const double kd = descale_of(p->k_descale, pr, b, hk);
             const double vd = descale_of(p->v_descale, pr, b, hk);
             for (int j = 0; j < sk; j++) {
-                load_row(kk + (int64_t)j * d, &p->k, dt, fa3c_k_offset(pr, &p->k, b, j, hk, 1), d, kd);
-                load_row(vv + (int64_t)j * dv, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 1), dv, vd);
+                const int pos = fa3c_leftpad_k_of(pr, b) + j;   /* the key's row in its cache */
+                load_row(kk + (int64_t)j * d, &p->k, dt, fa3c_k_offset(pr, &p->k, b, j, hk, 1), d,
+                         kd * fa3c_block_descale(p, 1, b, hk, pos));
+                load_row(vv + (int64_t)j * dv, &p->v, dt, fa3c_k_offset(pr, &p->v, b, j, hk, 1), dv,
+                         vd * fa3c_block_descale(p, 2, b, hk, pos));
             }
             for (int i = 0; i < sq; i++) {
                 int lo, hi;
@@ -93,7 +96,7 @@ fa3c_status fa3c_cpu_fwd_reference(const fa3c_fwd_params *p) {
                     if (p->lse) p->lse[fa3c_lse_index(pr, b, h, i)] = (float)sink;
                     continue;
                 }
-                load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, qd);
+                load_row(q, &p->q, dt, fa3c_q_offset(pr, &p->q, b, i, h), d, qd * fa3c_block_descale(p, 0, b, h, i));
                 if (p->qv.data) load_row(qv, &p->qv, dt, fa3c_q_offset(pr, &p->qv, b, i, h), dv, 1.0);
                 double m = pr->sinks ? sink : -INFINITY;
                 for (int j = lo; j <= hi; j++) {
@@ -154,8 +157,10 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
             const float vd = (float)descale_of(p->v_descale, pr, b, hk);
             for (int j = 0; j < sk; j++) {
                 int64_t ko = fa3c_k_offset(pr, &p->k, b, j, hk, 1), vo = fa3c_k_offset(pr, &p->v, b, j, hk, 1);
-                for (int c = 0; c < d; c++) kk[(int64_t)j * d + c] = fa3c_round_to(rd, fa3c_load_f(p->k.data, dt, ko + c) * kd);
-                for (int c = 0; c < dv; c++) vv[(int64_t)j * dv + c] = fa3c_round_to(rd, fa3c_load_f(p->v.data, dt, vo + c) * vd);
+                const int pos = fa3c_leftpad_k_of(pr, b) + j;   /* the key's row in its cache */
+                const float kdj = kd * fa3c_block_descale(p, 1, b, hk, pos), vdj = vd * fa3c_block_descale(p, 2, b, hk, pos);
+                for (int c = 0; c < d; c++) kk[(int64_t)j * d + c] = fa3c_round_to(rd, fa3c_load_f(p->k.data, dt, ko + c) * kdj);
+                for (int c = 0; c < dv; c++) vv[(int64_t)j * dv + c] = fa3c_round_to(rd, fa3c_load_f(p->v.data, dt, vo + c) * vdj);
             }
             for (int i = 0; i < sq; i++) {
                 int lo, hi;
@@ -168,8 +173,9 @@ fa3c_status fa3c_cpu_fwd_reference_lowp(const fa3c_fwd_params *p) {
                     continue;
                 }
                 const int64_t qo = fa3c_q_offset(pr, &p->q, b, i, h);
+                const float qdi = qd * fa3c_block_descale(p, 0, b, h, i);
                 for (int c = 0; c < d; c++)
-                    q[c] = fa3c_round_to(rd, fa3c_round_to(rd, fa3c_load_f(p->q.data, dt, qo + c) * qd) * scale);
+                    q[c] = fa3c_round_to(rd, fa3c_round_to(rd, fa3c_load_f(p->q.data, dt, qo + c) * qdi) * scale);
                 if (p->qv.data) {
                     const int64_t qvo = fa3c_q_offset(pr, &p->qv, b, i, h);
                     for (int c = 0; c < dv; c++) qv[c] = fa3c_round_to(rd, fa3c_load_f(p->qv.data, dt, qvo + c) * scale);
