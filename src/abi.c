@@ -50,7 +50,7 @@ static const layout_entry layout[] = {
     FIELD(fa3c_quantize_params, seqlen), FIELD(fa3c_quantize_params, heads), FIELD(fa3c_quantize_params, headdim),
     FIELD(fa3c_quantize_params, group), FIELD(fa3c_quantize_params, x), FIELD(fa3c_quantize_params, out),
     FIELD(fa3c_quantize_params, descale), FIELD(fa3c_quantize_params, hadamard), FIELD(fa3c_quantize_params, signs),
-    FIELD(fa3c_quantize_params, backend),
+    FIELD(fa3c_quantize_params, backend), FIELD(fa3c_quantize_params, block_rows),
 };
 #undef SIZE
 #undef FIELD

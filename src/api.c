@@ -1101,6 +1101,9 @@ static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend 
     if (p->hadamard && (p->headdim > 256 || (p->headdim & (p->headdim - 1))))
         return fa3c_error(BAD, "hadamard: the rotation needs headdim a power of two <= 256 (got %d)", p->headdim);
     if (!p->hadamard && p->signs) return fa3c_error(BAD, "signs: given with hadamard = 0");
+    if (p->block_rows != 0 && p->block_rows != FA3C_FP8_BLOCK_ROWS)
+        return fa3c_error(BAD, "block_rows: must be 0 (one descale over all rows) or FA3C_FP8_BLOCK_ROWS = %d (got %d)",
+                          FA3C_FP8_BLOCK_ROWS, p->block_rows);
     if ((s = check_host_array_ptr("signs", p->signs, 4)) != FA3C_STATUS_OK) return s;
     *backend = p->backend;
     if (p->batch == 0 || p->seqlen == 0) return FA3C_STATUS_OK;   /* nothing to read or write */
@@ -1116,7 +1119,8 @@ static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend 
         lo[i] = (uintptr_t)ts[i].t->data;
         hi[i] = lo[i] + (uintptr_t)tensor_span_bytes(n, ts[i].t->stride, ts[i].elem_size);
     }
-    lo[2] = (uintptr_t)p->descale, hi[2] = lo[2] + (uintptr_t)p->batch * (p->heads / group) * 4;
+    const int64_t row_blocks = p->block_rows ? (p->seqlen + p->block_rows - 1) / p->block_rows : 1;
+    lo[2] = (uintptr_t)p->descale, hi[2] = lo[2] + (uintptr_t)((int64_t)p->batch * (p->heads / group) * row_blocks * 4);
     lo[3] = (uintptr_t)p->signs, hi[3] = lo[3] + (p->signs ? (uintptr_t)p->headdim * 4 : 0);
     const char *names[4] = {"x", "out", "descale", "signs"};
     int usable;
@@ -1131,6 +1135,8 @@ static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend 
         for (int j = 0; j < p->headdim; j++)   /* anything but +-1 would not be a rotation */
             if (p->signs[j] != 1.0f && p->signs[j] != -1.0f)
                 return fa3c_error(BAD, "signs[%d]: must be +1 or -1 (got %g)", j, (double)p->signs[j]);
+    if (*backend == FA3C_BACKEND_CUDA && p->block_rows)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "block_rows: not on the CUDA backend yet (the CPU backends take it)");
     if (*backend == FA3C_BACKEND_CUDA && !FA3C_CUDA_QUANTIZE)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "fa3c_quantize_fp8: the CUDA kernels are built but off until "
                           "their GPU test has run (-DFA3C_CUDA_QUANTIZE=1); the CPU backends take host memory");

@@ -142,6 +142,7 @@ class QuantizeParams(ctypes.Structure):
         ("hadamard", ctypes.c_int),
         ("signs", ctypes.c_void_p),
         ("backend", ctypes.c_int),
+        ("block_rows", ctypes.c_int),
     ]
 
 
