@@ -49,11 +49,7 @@ typedef struct call_desc {
 static const char *const descale_names[3] = {"q_descale", "k_descale", "v_descale"};
 static const char *const block_descale_names[3] = {"q_block_descale", "k_block_descale", "v_block_descale"};
 
-/* Entries of block descale i (q, k, v): (batch, heads, ceil(seqlen / FA3C_FP8_BLOCK_ROWS)). */
-static int64_t block_descale_count(const fa3c_problem *pr, int i) {
-    const int64_t rows = i == 0 ? pr->seqlen_q : pr->seqlen_k, heads = i == 0 ? pr->heads_q : pr->heads_kv;
-    return (int64_t)pr->batch * heads * ((rows + FA3C_FP8_BLOCK_ROWS - 1) / FA3C_FP8_BLOCK_ROWS);
-}
+
 
 static const char *dtype_name(fa3c_dtype d) {
     switch (d) {
@@ -81,6 +77,15 @@ static int mul_ok(int64_t a, int64_t b, int64_t *out) {
     if (a != 0 && b > INT64_MAX / a) return 0;
     *out = a * b;
     return 1;
+}
+
+/* Entries of block descale i (q, k, v): (batch, heads, ceil(seqlen / FA3C_FP8_BLOCK_ROWS)). */
+static int64_t block_descale_count(const fa3c_problem *pr, int i) {
+    const int64_t rows = i == 0 ? pr->seqlen_q : pr->seqlen_k, heads = i == 0 ? pr->heads_q : pr->heads_kv;
+    int64_t n;
+    if (!mul_ok((int64_t)pr->batch * heads, (rows + FA3C_FP8_BLOCK_ROWS - 1) / FA3C_FP8_BLOCK_ROWS, &n))
+        n = INT64_MAX / 8;   /* past any array: the tensors' extents fail the call */
+    return n;
 }
 
 /* ---- 1. scalar fields of the problem (no memory is read) ---- */
@@ -362,6 +367,7 @@ static fa3c_status check_host_arrays(const call_desc *c) {
         const float *d = i < 3 ? c->descale[i] : c->block_descale[i - 3];
         if (!d) continue;
         const int64_t n = i < 3 ? (int64_t)pr->batch * pr->heads_kv : block_descale_count(pr, i - 3);
+        if (n >= INT64_MAX / 8) continue;   /* an overflowed count: the tensors' extents refuse the call */
         for (int64_t j = 0; j < n; j++)
             if (!isfinite(d[j]) || d[j] <= 0)
                 return fa3c_error(BAD, "%s[%lld]: must be finite and > 0 (got %g)",
