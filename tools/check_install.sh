@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-prefix=$PWD/$build/_install
+case $build in /*) prefix=$build/_install ;; *) prefix=$PWD/$build/_install ;; esac   # BUILD may be absolute
 rm -rf "$prefix" "$build/_consumer"
 cmake --install "$build" --prefix "$prefix" > /dev/null
 
