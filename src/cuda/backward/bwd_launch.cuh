@@ -20,17 +20,21 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     const int block_m = p->num_m_blocks > 0 ? p->rows_pad / p->num_m_blocks : 0;
     constexpr bool SHORT_M64 = D == 128 && FA3C_BWD_HDIM128_SHORT_M64 && FA3C_BWD_BLOCK_M(128) != 64;
     const bool m64 = SHORT_M64 && block_m == 64, softcap = p->softcap != 0.f;
-    static int launch_regs[2][2] = {{-1, -1}, {-1, -1}};   // one per kernel; read and written atomically (prepare_launch)
-    constexpr bool SPLIT = FA3C_BWD_BLOCK_M(D) == 80 && FA3C_BWD_UNMASKED_STEPS;
-    int *regs = &launch_regs[m64][SPLIT && !m64 && softcap];
+    // One launch-register record per kernel; read and written atomically (prepare_launch).
+    static int regs_main = -1, regs_softcap = -1, regs_m64 = -1;
+    int *regs = &regs_main;
     if constexpr (D > 128) {
         kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
     } else {
-        if constexpr (SPLIT) kernel = softcap ? bwd_kernel<D, FP16, 80, BWD_SOFTCAP> : bwd_kernel<D, FP16, 80, BWD_PLAIN>;
-        else kernel = bwd_kernel<D, FP16>;
         smem = bwd_smem_bytes<D>();
+        if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && FA3C_BWD_UNMASKED_STEPS) {   // no kernel with both forms
+            kernel = bwd_kernel<D, FP16, 80, BWD_PLAIN>;
+            if (softcap) kernel = bwd_kernel<D, FP16, 80, BWD_SOFTCAP>, regs = &regs_softcap;
+        } else {
+            kernel = bwd_kernel<D, FP16>;
+        }
         if constexpr (SHORT_M64)
-            if (m64) kernel = bwd_kernel<D, FP16, 64>, smem = bwd_smem_bytes<D, 64>();
+            if (m64) kernel = bwd_kernel<D, FP16, 64>, smem = bwd_smem_bytes<D, 64>(), regs = &regs_m64;
     }
     const int budget = 128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS;
     // The host (C flags) and this kernel (CUDA flags) must agree on the knobs

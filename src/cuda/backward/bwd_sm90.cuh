@@ -229,7 +229,7 @@ FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint
 // query tile shares with the block before, have lse_log2 = +inf, so P = 0
 // there too. SOFTCAP: scores through softcap·tanh, and dS times tanh's
 // derivative.
-template <int M, bool SOFTCAP, bool MASKED>
+template <int M, bool SOFTCAP>
 FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, const float *dsum,
                                  const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
     const int quad = threadIdx.x % 4;
@@ -242,7 +242,7 @@ FA3C_DEVICE void probs_and_grads(float *st, float *dpt, const float *lse_log2, c
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * j + 2 * r + e;
-                const bool seen = !MASKED || (8 * j + e >= lo[r] && 8 * j + e <= hi[r]);
+                const bool seen = 8 * j + e >= lo[r] && 8 * j + e <= hi[r];
                 float score = st[i], slope = 1.f;
                 if (SOFTCAP) {
                     const float t = tanh_approx(score * p.softcap_pre);
@@ -440,7 +440,7 @@ FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, in
         wgmma_wait<0>();
         bwd_fence_regs<M / 2>(st);
         bwd_fence_regs<M / 2>(dpt);
-        probs_and_grads<M, true, MASKED>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
+        probs_and_grads<M, true>(st, dpt, sm.lse_log2[s], sm.dsum[s], p, lo, hi);
         probs_to_fragments<M, FP16>(st, p_frag);
     } else {
         // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
