@@ -530,15 +530,20 @@ def run_shape(sh, impls, timer, log, deadline):
     for name in impls:
         if sink_refs:
             ref_out, ref_grads = sink_refs[name]
+        # --no-fwd: the forward runs for the backward's inputs and its check, but gets no row of
+        # its own, not even an error's (the backward's row says it).
+        fwd_row = row if sh.get("time_fwd", True) else (lambda *a, **k: None)
         t_left = deadline - time.time()
         if t_left < 0:
-            row(name, "fwd", "skipped", note="time budget spent")
+            fwd_row(name, "fwd", "skipped", note="time budget spent")
+            if sh["bwd"] and not sh.get("time_fwd", True):
+                row(name, "bwd", "skipped", note="time budget spent")
             continue
         try:
             r = SETUP[name](sh, inp)
         except Exception as e:
             st, msg = classify(e)
-            row(name, "fwd", st, note=msg[:300])
+            fwd_row(name, "fwd", st, note=msg[:300])
             if sh["bwd"]:
                 row(name, "bwd", st, note=msg[:300])
             continue
@@ -549,7 +554,7 @@ def run_shape(sh, impls, timer, log, deadline):
             if ref_out is not None:
                 err, rel, mx = compare(out, ref_out)
                 if not fwd_ok(err, rel, mx, sh["dtype"] == "fp8"):
-                    row(name, "fwd", "FAILED", max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
+                    fwd_row(name, "fwd", "FAILED", max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
                     if sh["bwd"]:
                         row(name, "bwd", "skipped", note="forward FAILED")
                     continue
@@ -562,7 +567,7 @@ def run_shape(sh, impls, timer, log, deadline):
                     gbps=sh["bytes"] / ms / 1e6, max_err=err, rel_l2=rel, ref=ref_name, note=r.note)
         except Exception as e:
             st, msg = classify(e)
-            row(name, "fwd", st, note=msg[:300])
+            fwd_row(name, "fwd", st, note=msg[:300])
             if sh["bwd"]:
                 row(name, "bwd", "skipped", note="forward did not run")
             continue

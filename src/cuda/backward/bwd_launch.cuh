@@ -27,7 +27,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
         kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
     } else {
         smem = bwd_smem_bytes<D>();
-        if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && FA3C_BWD_UNMASKED_STEPS) {   // no kernel with both forms
+        if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && FA3C_BWD_UNMASKED_STEPS(D)) {   // no kernel with both forms
             kernel = bwd_kernel<D, FP16, 80, BWD_PLAIN>;
             if (softcap) kernel = bwd_kernel<D, FP16, 80, BWD_SOFTCAP>, regs = &regs_softcap;
         } else {

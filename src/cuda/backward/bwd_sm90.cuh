@@ -155,10 +155,31 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
     hi = (int)max(min(last, (long long)cols), -1ll) - 2 * quad;
 }
 
+// The LSE or dsum of this thread's query columns 8 j + 2 quad and + 1, from
+// the slot at addr; the first N pairs (N <= M / 8) may be loaded ahead of a
+// wgmma wait into a PairsAhead, the others are read where they are used.
+FA3C_DEVICE float2 column_pair(uint32_t addr, int j) { return ld_shared_f32x2(addr + (8 * j + 2 * (threadIdx.x % 4)) * 4); }
+
+template <int N>
+struct PairsAhead {
+    float2 v[N > 0 ? N : 1];
+};
+
+template <int N>
+FA3C_DEVICE void load_pairs_ahead(PairsAhead<N> &ahead, uint32_t addr) {
+#pragma unroll
+    for (int j = 0; j < N; j++) ahead.v[j] = column_pair(addr, j);
+}
+
+template <int N>
+FA3C_DEVICE float2 pair_at(const PairsAhead<N> &ahead, uint32_t addr, int j) {
+    return j < N ? ahead.v[j] : column_pair(addr, j);
+}
+
 // Pᵀ of this thread's elements, while dPᵀ's GEMM may still run: key rows
-// key0 and key0 + 8, query columns q0 + 8 j + 2 quad (+1), LSE from the
-// slot (lse_addr). A pair the mask hides (seen_columns) gets a score of
-// -inf, so ex2 gives P = 0; padding query rows, and rows a shifted query
+// key0 and key0 + 8, query columns q0 + 8 j + 2 quad (+1), their LSE from
+// the slot (lse_addr; the first pairs in lse_ahead). A pair the mask hides
+// (seen_columns) gets a score of -inf, so ex2 gives P = 0; padding query rows, and rows a shifted query
 // tile shares with the block before, have lse_log2 = +inf, so P = 0 there
 // too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
 // p_frag here, and P times tanh's derivative, which dS takes once tanh's
@@ -170,11 +191,11 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 // issue-bound there: docs/BACKWARD.md).
 template <int M, int FP16, bool SOFTCAP, bool MASKED>
 FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
-                           const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
-    const int quad = threadIdx.x % 4;
+                           const PairsAhead<FA3C_BWD_LSE_AHEAD(M)> &lse_ahead, const fa3c_bwd_kernel_params &p,
+                           const int lo[2], const int hi[2]) {
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
-        const float2 lse = ld_shared_f32x2(lse_addr + (8 * j + 2 * quad) * 4);
+        const float2 lse = pair_at(lse_ahead, lse_addr, j);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float prob[2], slope[2] = {1.f, 1.f};
@@ -205,11 +226,11 @@ FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint3
 // K and V rows outside the keys used are zeros in smem:
 // zero_unused_key_rows), so their dS is 0.
 template <int M, bool SOFTCAP>
-FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint32_t dsum_addr) {
-    const int quad = threadIdx.x % 4;
+FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint32_t dsum_addr,
+                           const PairsAhead<FA3C_BWD_DSUM_AHEAD(M)> &dsum_ahead) {
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
-        const float2 ds = ld_shared_f32x2(dsum_addr + (8 * j + 2 * quad) * 4);
+        const float2 ds = pair_at(dsum_ahead, dsum_addr, j);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float2 w;
@@ -446,18 +467,26 @@ FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, in
         // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
         // free until the dS stores below (after a barrier of the warpgroup).
         uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
+        // The first LSE and dsum pairs loaded ahead of the waits
+        // (FA3C_BWD_LSE_PAIRS_AHEAD, FA3C_BWD_DSUM_PAIRS_AHEAD), so that their latency
+        // passes under the GEMMs.
+        const uint32_t lse_addr = smem_addr(sm.lse_log2[s]), dsum_addr = smem_addr(sm.dsum[s]);
+        PairsAhead<FA3C_BWD_LSE_AHEAD(M)> lse_ahead;
+        PairsAhead<FA3C_BWD_DSUM_AHEAD(M)> dsum_ahead;
+        load_pairs_ahead(lse_ahead, lse_addr);
         wgmma_wait<SOFTCAP_80 ? 0 : 1>();
         bwd_fence_regs<M / 2>(st);
-        bwd_probs<M, FP16, SOFTCAP, MASKED>(st, p_frag, ps, smem_addr(sm.lse_log2[s]), p, lo, hi);
+        bwd_probs<M, FP16, SOFTCAP, MASKED>(st, p_frag, ps, lse_addr, lse_ahead, p, lo, hi);
         if (SOFTCAP_80) {
             wgmma_fence();
             gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
             wgmma_commit();
         }
         if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
+        load_pairs_ahead(dsum_ahead, dsum_addr);
         wgmma_wait<0>();
         bwd_fence_regs<M / 2>(dpt);
-        bwd_grads<M, SOFTCAP>(dpt, st, ps, smem_addr(sm.dsum[s]));
+        bwd_grads<M, SOFTCAP>(dpt, st, ps, dsum_addr, dsum_ahead);
     }
 
     // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is
@@ -531,11 +560,11 @@ FA3C_DEVICE void bwd_consumer(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm
     int m = BWD_SEQ(sm, m_first), head = head_kv * p.group;
     for (int it = 0; it < steps; it++) {
         // A step whose every element the CTA's keys see needs no mask
-        // compares (bwd_step, FA3C_BWD_UNMASKED_STEPS): without a mask or
+        // compares (bwd_step, FA3C_BWD_UNMASKED_STEPS(D)): without a mask or
         // window every step but a sequence's last key block's, under a causal
         // mask every step off the diagonal.
         bool whole = false;
-        if (!SOFTCAP && FA3C_BWD_UNMASKED_STEPS) {
+        if (!SOFTCAP && FA3C_BWD_UNMASKED_STEPS(D)) {
             const int q0 = fa3c_bwd_rows_start(m, M, BWD_SEQ(sm, sq), BWD_SEQ(sm, q_shifted));
             whole = tile_seen_whole(BWD_SEQ(sm, k_start), BWD_N, n_block * BWD_N, BWD_SEQ(sm, sk),
                                     BWD_SEQ(sm, rel_lo), BWD_SEQ(sm, rel_hi), q0, M);

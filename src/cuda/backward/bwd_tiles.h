@@ -51,11 +51,11 @@
 /* 1: hdim 128's calls with a mask (causal or a window) of at most 2048
  * queries, and every call of at most 512, run in 64-row blocks (a second
  * kernel per dtype), where 80 rows waste more on padding and on blocks the
- * diagonal cuts (80 vs 64 without the staged epilogue: -8% causal at 512,
- * -2% to -3% causal at 1k-2k, -3% at 512 without a mask; docs/KNOBS.md);
+ * diagonal cuts (64 rows against 80: +6% causal at 512, +2% at 512
+ * without a mask, even at 1k-2k; docs/KNOBS.md);
  * 0: every call in FA3C_BWD_HDIM128_BLOCK_M rows. */
 #ifndef FA3C_BWD_HDIM128_SHORT_M64
-#define FA3C_BWD_HDIM128_SHORT_M64 0
+#define FA3C_BWD_HDIM128_SHORT_M64 1
 #endif
 /* The query block of a call: its kernel's head dim d, whether a mask or
  * window is set, the longest sequence's queries. */
@@ -167,16 +167,36 @@
 #define FA3C_BWD_STAGED_EPILOGUE 1
 #endif
 
-/* 1: the narrow kernel's steps that no mask cuts (tile_seen_whole: without
- * a mask or window, every step but a sequence's last key block's) in a copy
- * of the step without the mask's compares, which were about 40% of the
- * element-wise instructions of hdim 64's issue-bound Pᵀ (docs/BACKWARD.md);
- * at 80 rows the softcap form is then a kernel of its own (bwd_kernel's
- * FORM). 0: every step with the compares. Off until its GPU tests and A/B
- * (docs/KNOBS.md). */
-#ifndef FA3C_BWD_UNMASKED_STEPS
-#define FA3C_BWD_UNMASKED_STEPS 0
+/* Per head dim, 1: the narrow kernel's steps that no mask cuts
+ * (tile_seen_whole: without a mask or window, every step but a sequence's
+ * last key block's) run a copy of the step without the mask's compares,
+ * which were about 40% of the element-wise instructions of hdim 64's
+ * issue-bound Pᵀ (docs/BACKWARD.md); at 80 rows the softcap form is then a
+ * kernel of its own (bwd_kernel's FORM). 0: every step with the compares.
+ * On at hdim 64, where it gains 1% to 8%; off at 128, where it lost 1.5% to
+ * 2.5% (docs/KNOBS.md). */
+#ifndef FA3C_BWD_HDIM64_UNMASKED_STEPS
+#define FA3C_BWD_HDIM64_UNMASKED_STEPS 1
 #endif
+#ifndef FA3C_BWD_HDIM128_UNMASKED_STEPS
+#define FA3C_BWD_HDIM128_UNMASKED_STEPS 0
+#endif
+#define FA3C_BWD_UNMASKED_STEPS(d)                                                                  \
+    ((d) == 64 ? FA3C_BWD_HDIM64_UNMASKED_STEPS : (d) == 128 ? FA3C_BWD_HDIM128_UNMASKED_STEPS : 0)
+
+/* How many of a thread's LSE and dsum pairs (M / 8 in all) the narrow
+ * kernel loads from smem before it waits for Sᵀ and dPᵀ, so that the loads'
+ * latency passes under the GEMMs (at hdim 64 the first exps waited on them:
+ * docs/BACKWARD.md); the rest after the waits. All of the LSE ahead spills
+ * at hdim 64. 0, 0: every load after its wait. */
+#ifndef FA3C_BWD_LSE_PAIRS_AHEAD
+#define FA3C_BWD_LSE_PAIRS_AHEAD 0
+#endif
+#ifndef FA3C_BWD_DSUM_PAIRS_AHEAD
+#define FA3C_BWD_DSUM_PAIRS_AHEAD 0
+#endif
+#define FA3C_BWD_LSE_AHEAD(m) (FA3C_BWD_LSE_PAIRS_AHEAD < (m) / 8 ? FA3C_BWD_LSE_PAIRS_AHEAD : (m) / 8)
+#define FA3C_BWD_DSUM_AHEAD(m) (FA3C_BWD_DSUM_PAIRS_AHEAD < (m) / 8 ? FA3C_BWD_DSUM_PAIRS_AHEAD : (m) / 8)
 
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
