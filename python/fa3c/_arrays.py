@@ -304,7 +304,7 @@ class ArrayOps:
         try:
             a = np.broadcast_to(np.asarray(a, dtype=np.float32), shape)
         except ValueError:
-            raise bad("%s must broadcast to (batch, heads_kv) = %s (got shape %s)"
+            raise bad("%s must broadcast to %s (got shape %s)"
                       % (name, shape, np.shape(a)))
         return self._put(np.ascontiguousarray(a))
 

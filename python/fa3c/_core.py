@@ -233,7 +233,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
                     max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                     causal=False, window_size=(-1, -1), softcap=0.0, q_descale=None,
                     k_descale=None, v_descale=None, num_splits=0, backend="auto", out=None,
-                    sinks=None, seqused_q=None, leftpad_k=None, qv=None):
+                    sinks=None, seqused_q=None, leftpad_k=None, qv=None, q_block_descale=None,
+                    k_block_descale=None, v_block_descale=None):
     q, k, v = ops.prepare(q), ops.prepare(k), ops.prepare(v)
     qv = ops.prepare(qv) if qv is not None else None
     dt = ops.dtype_code(q)
@@ -255,8 +256,15 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     descales = []
     for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         descales.append(ops.descale(d, (lay.batch, lay.heads_kv), q, name))
+    # Per block of FA3C_FP8_BLOCK_ROWS rows of each sequence (docs/API.md "fp8").
+    blocks = lambda n: (n + _lib.FP8_BLOCK_ROWS - 1) // _lib.FP8_BLOCK_ROWS
+    block_shapes = ((lay.batch, lay.heads_q, blocks(lay.seqlen_q)), (lay.batch, lay.heads_kv, blocks(lay.seqlen_k)),
+                    (lay.batch, lay.heads_kv, blocks(lay.seqlen_k)))
+    for name, d, shape in zip(("q_block_descale", "k_block_descale", "v_block_descale"),
+                              (q_block_descale, k_block_descale, v_block_descale), block_shapes):
+        descales.append(ops.descale(d, shape, q, name))
     if any(d is not None for d in descales) and dt != _lib.DTYPE_E4M3:
-        raise bad("q_descale/k_descale/v_descale apply to float8_e4m3fn inputs only")
+        raise bad("q_descale/k_descale/v_descale and the block descales apply to float8_e4m3fn inputs only")
 
     out_code = _lib.DTYPE_BF16 if dt == _lib.DTYPE_E4M3 else dt
     out_shape = lay.out_shape(ops, q)
@@ -283,7 +291,8 @@ def prepare_forward(ops, q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_s
     if qv is not None:
         p.qv = _tensor(ops, qv, lay.varlen_q)
     p.lse = ops.ptr(lse)
-    p.q_descale, p.k_descale, p.v_descale = [ops.ptr(d) if d is not None else None for d in descales]
+    (p.q_descale, p.k_descale, p.v_descale, p.q_block_descale, p.k_block_descale,
+     p.v_block_descale) = [ops.ptr(d) if d is not None else None for d in descales]
     sinks = _sinks(ops, sinks, lay)
     p.problem.sinks = ops.ptr(sinks) if sinks is not None else None
     p.num_splits = int(num_splits)
@@ -447,10 +456,12 @@ def prepare_append(ops, k_cache, v_cache, k, v, cache_seqlens, page_table=None, 
                 check_fn=L.fa3c_append_kv_check, check_device_fn=L.fa3c_append_kv_check_device)
 
 
-def prepare_quantize(ops, x, group=1, hadamard=False, signs=None, backend="auto"):
+def prepare_quantize(ops, x, group=1, hadamard=False, signs=None, backend="auto", block_rows=0):
     """fa3c_quantize_fp8: x (batch, seqlen, heads, headdim) of float32 / float16 / bfloat16
-    to e4m3 with one float32 descale per (batch, group of heads). The call's outputs are
-    (out, descale): out e4m3 of x's shape, descale (batch, heads / group)."""
+    to e4m3 with one float32 descale per (batch, group of heads), or with block_rows =
+    FA3C_FP8_BLOCK_ROWS per (batch, group, block of rows). The call's outputs are (out,
+    descale): out e4m3 of x's shape, descale (batch, heads / group) or (batch, heads /
+    group, ceil(seqlen / block_rows))."""
     x = ops.prepare(x)
     if len(ops.shape(x)) != 4:
         raise bad("x must be 4-D (batch, seqlen, heads, headdim) (got shape %s)" % (tuple(ops.shape(x)),))
@@ -458,8 +469,12 @@ def prepare_quantize(ops, x, group=1, hadamard=False, signs=None, backend="auto"
     group = int(group)
     if group < 1 or heads % group:
         raise bad("group must divide heads = %d (got %d)" % (heads, group))
+    block_rows = int(block_rows)
+    if block_rows not in (0, _lib.FP8_BLOCK_ROWS):
+        raise bad("block_rows must be 0 or %d (got %d)" % (_lib.FP8_BLOCK_ROWS, block_rows))
     out = ops.empty(ops.shape(x), _lib.DTYPE_E4M3, x)
-    descale = ops.empty((batch, heads // group), _lib.DTYPE_FP32, x)
+    shape = (batch, heads // group) + ((-(-seqlen // block_rows),) if block_rows else ())
+    descale = ops.empty(shape, _lib.DTYPE_FP32, x)
     sg = ops.descale(signs, (d,), x, "signs") if signs is not None else None
     p = _lib.QuantizeParams()
     L = _lib.lib()
@@ -469,6 +484,7 @@ def prepare_quantize(ops, x, group=1, hadamard=False, signs=None, backend="auto"
     p.x, p.out = _tensor(ops, x, False), _tensor(ops, out, False)
     p.descale = ops.ptr(descale)
     p.hadamard = int(bool(hadamard))
+    p.block_rows = block_rows
     if sg is not None:
         p.signs = ops.ptr(sg)
     p.backend = backend_code(backend)

@@ -23,6 +23,9 @@ DTYPE_FP16 = 1
 DTYPE_BF16 = 2
 DTYPE_E4M3 = 3
 
+# FA3C_FP8_BLOCK_ROWS: rows per e4m3 block descale
+FP8_BLOCK_ROWS = 128
+
 # fa3c_backend
 BACKEND_AUTO = 0
 BACKEND_CPU = 1

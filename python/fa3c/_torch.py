@@ -95,7 +95,7 @@ class TorchOps:
         try:
             return d.to(device=like.device, dtype=torch.float32).expand(shape).contiguous()
         except RuntimeError:
-            raise bad("%s must broadcast to (batch, heads_kv) = %s (got shape %s)"
+            raise bad("%s must broadcast to %s (got shape %s)"
                       % (name, shape, tuple(d.shape)))
 
     @staticmethod

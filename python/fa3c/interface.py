@@ -16,7 +16,7 @@ _arrays).
 import math
 import sys
 
-from . import _arrays, _core
+from . import _arrays, _core, _lib
 
 _torch_mod = None
 
@@ -335,7 +335,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
             window_size=(-1, -1), softcap=0.0, q_descale=None, k_descale=None, v_descale=None,
-            num_splits=0, backend=None, sinks=None, seqused_q=None, leftpad_k=None, qv=None):
+            num_splits=0, backend=None, sinks=None, seqused_q=None, leftpad_k=None, qv=None,
+            q_block_descale=None, k_block_descale=None, v_block_descale=None):
     """One fa3c_fwd call on torch tensors or any other arrays (see the module). Returns
     (out, lse). backend: None (CPU for host memory, CUDA for GPU arrays), "auto", "cpu",
     "cuda" or "cpu_reference" (the naive float64 oracle). sinks: one float32 logit per
@@ -343,7 +344,10 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     seqused_q: (batch,) queries used per sequence; out and lse rows past them are not
     written. leftpad_k: (batch,) rows of each sequence's KV cache before its first key
     (FA3's cache_leftpad; CUDA: bf16/fp16 without a page table). qv: out's shape, the
-    scores becoming softmax_scale * (q k^T + qv v^T) (CPU backends)."""
+    scores becoming softmax_scale * (q k^T + qv v^T) (CPU backends). q_block_descale (batch,
+    heads_q, ceil(seqlen_q / 128)), k_block_descale and v_block_descale (batch, heads_kv,
+    ceil(seqlen_k / 128)): e4m3 descales per block of 128 rows, multiplying the others
+    (quantize_fp8 with block_rows=128 writes them)."""
     ops, stream, guard, backend, finish = _launch(q, backend)
     with guard:
         call = _core.prepare_forward(
@@ -352,7 +356,8 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
             page_table=page_table, softmax_scale=softmax_scale, causal=causal,
             window_size=window_size, softcap=softcap, q_descale=q_descale, k_descale=k_descale,
             v_descale=v_descale, num_splits=num_splits, backend=backend, sinks=sinks,
-            seqused_q=seqused_q, leftpad_k=leftpad_k, qv=qv)
+            seqused_q=seqused_q, leftpad_k=leftpad_k, qv=qv, q_block_descale=q_block_descale,
+            k_block_descale=k_block_descale, v_block_descale=v_block_descale)
         call.finish = finish
         return call.run(stream)
 
@@ -421,17 +426,20 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, *, page_table=None, cu_seql
     return outs[2] if len(outs) > 2 else None
 
 
-def quantize_fp8(x, *, group=1, hadamard=False, signs=None, backend=None):
+def quantize_fp8(x, *, group=1, hadamard=False, signs=None, block_rows=0, backend=None):
     """x (batch, seqlen, heads, headdim) of float32 / float16 / bfloat16 to e4m3 for the fp8
     forward (fa3c_quantize_fp8, docs/FP8.md). Returns (out, descale): out e4m3 of x's
     shape, descale float32 (batch, heads / group) with out * descale ≈ x (rotated). group:
     heads per descale (heads_q / heads_kv for q, as the forward's q_descale; 1 for k, v).
+    block_rows=128: a descale per block of 128 rows too, descale (batch, heads / group,
+    ceil(seqlen / 128)): with group 1, the forward's q_block_descale, k_ or v_block_descale.
     hadamard=True rotates each row first (headdim a power of two <= 256) by the signs
     (headdim entries of +1 / -1, or None) and the Hadamard matrix: pass q and k the same
     signs, and leave v as it is (FA3's incoherent processing)."""
     ops, stream, guard, backend, finish = _launch(x, backend)
     with guard:
-        call = _core.prepare_quantize(ops, x, group=group, hadamard=hadamard, signs=signs, backend=backend)
+        call = _core.prepare_quantize(ops, x, group=group, hadamard=hadamard, signs=signs, backend=backend,
+                                      block_rows=block_rows)
         call.finish = finish
         return call.run(stream)
 
@@ -443,21 +451,30 @@ def _default_signs(d):
 
 
 def fp8_attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                  hadamard=True, signs=None, return_lse=False, backend=None):
+                  hadamard=True, signs=None, block_scales=False, return_lse=False, backend=None):
     """Attention through the e4m3 forward for callers holding bf16 / fp16 / fp32 tensors: q, k,
     v quantized by fa3c.quantize_fp8 (q with one descale per (batch, K/V head) group, as the
     forward takes it), q and k first rotated by the same signs and Hadamard matrix when
     hadamard=True (FA3's incoherent processing; head dim a power of two), then one fa3c_fwd
-    call. Returns out (bf16), or (out, lse) with return_lse=True. signs: head-dim entries of
-    +1 / -1; None takes a fixed pseudo-random pattern."""
+    call. block_scales=True: a descale per block of 128 rows of each head instead (FA3's
+    block quantization; q then per query head). Returns out (bf16), or (out, lse) with
+    return_lse=True. signs: head-dim entries of +1 / -1; None takes a fixed pseudo-random
+    pattern."""
     heads_q, heads_kv, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if hadamard and signs is None:
         signs = _default_signs(d)
     rot = dict(hadamard=hadamard, signs=signs if hadamard else None, backend=backend)
-    q8, qd = quantize_fp8(q, group=heads_q // heads_kv if heads_kv else 1, **rot)
-    k8, kd = quantize_fp8(k, **rot)
-    v8, vd = quantize_fp8(v, backend=backend)
-    out, lse = forward(q8, k8, v8, softmax_scale=softmax_scale, causal=causal,
-                       window_size=window_size, softcap=softcap, q_descale=qd, k_descale=kd, v_descale=vd,
-                       backend=backend)
+    attn = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                backend=backend)
+    if block_scales:
+        rows = _lib.FP8_BLOCK_ROWS
+        q8, qd = quantize_fp8(q, block_rows=rows, **rot)
+        k8, kd = quantize_fp8(k, block_rows=rows, **rot)
+        v8, vd = quantize_fp8(v, block_rows=rows, backend=backend)
+        out, lse = forward(q8, k8, v8, q_block_descale=qd, k_block_descale=kd, v_block_descale=vd, **attn)
+    else:
+        q8, qd = quantize_fp8(q, group=heads_q // heads_kv if heads_kv else 1, **rot)
+        k8, kd = quantize_fp8(k, **rot)
+        v8, vd = quantize_fp8(v, backend=backend)
+        out, lse = forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **attn)
     return (out, lse) if return_lse else out
