@@ -21,8 +21,10 @@ Shapes: the FA3 paper grid (16k tokens, heads = 2048 / hdim, seqlen 512..16k, hd
 cache and from paged caches (--page-sizes; fa3c only, its GB/s also against its own
 contiguous row), a full decode step (append one token's k/v to a paged cache, rotary on q
 and k, attention: fa3c_with_kvcache against torch_step), attention sinks (hdim 128, forward
-and backward, against the same call without them; checked against float32 math), fp8
-forward.
+and backward, against the same call without them; checked against float32 math), chunked
+prefill (a varlen batch mixing prefill chunks and decode tokens over packed keys and over
+paged caches of --page-sizes; fa3c only, against its packed row; checked against float32
+per sequence), fp8 forward.
 FLOPs: 4·b·h·sq·sk·d forward (halved for causal), backward 2.5x that.
 
 Before timing, every implementation's output (and gradients) is compared with the
@@ -38,6 +40,7 @@ import argparse
 import contextlib
 import datetime
 import importlib
+import itertools
 import json
 import math
 import os
@@ -61,7 +64,8 @@ except ImportError:
 IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step", "fa3c_nosink"]
 # Shapes with implementations of their own: the paged decode runs fa3c alone (the others
 # have no paged cache; its contiguous row has them), the decode step fa3c and torch_step.
-KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step"), "sinks": ("fa3c", "fa3c_nosink")}
+KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step"), "sinks": ("fa3c", "fa3c_nosink"),
+              "chunked": ("fa3c",)}
 BASE_IMPL = {"decode_step": "torch_step", "sinks": "fa3c_nosink"}   # the ratio column's baseline (else cuDNN)
 REF_ORDER = ["cudnn", "fa2", "mem_eff", "math"]  # first that runs is the reference
 
@@ -90,6 +94,25 @@ def shape(kind, b, sq, sk, hq, hkv, d, causal, dtype="bf16", bwd=True, flex=Fals
                 hdim_v=dv, causal=causal, dtype=dtype, bwd=bwd, flex=flex, flops=fl, bytes=nbytes, page=page)
 
 
+def chunked_lengths(b, chunk, sk):
+    """A serving engine's mixed batch (chunked prefill): every fourth sequence a prefill chunk of
+    `chunk` queries, the others one decode token each; sequence i holds sk - 37 i keys (the new
+    queries' included), so that no two end alike."""
+    q = [chunk if i % 4 == 0 else 1 for i in range(b)]
+    k = [max(sk - 37 * i, qi) for i, qi in enumerate(q)]
+    return q, k
+
+
+def chunked_shape(b, chunk, sk, hq, hkv, d, page):
+    """Rows of the chunked prefill (causal, bottom-right aligned per sequence): the FLOPs and
+    bytes of the true lengths; page 0 = keys packed contiguously (cu_seqlens_k), the baseline."""
+    sh = shape("chunked", b, chunk, sk, hq, hkv, d, True, bwd=False, page=page)
+    qs, ks = chunked_lengths(b, chunk, sk)
+    sh["flops"] = sum(4.0 * hq * d * causal_pairs(qi, ki) for qi, ki in zip(qs, ks))
+    sh["bytes"] = 2 * (sum(qs) * hq * d * 2 + sum(ks) * hkv * d * 2)
+    return sh
+
+
 def make_shapes(args):
     out = []
     if args.device == "cpu":  # smoke test of this script, no GPU needed
@@ -100,6 +123,8 @@ def make_shapes(args):
         for p in args.page_sizes:
             out.append(shape("decode_paged", 2, 1, 256, 4, 2, 64, False, bwd=False, page=p))
         out.append(shape("decode_step", 2, 1, 255, 4, 2, 64, False, bwd=False, page=16))
+        for p in [0] + list(args.page_sizes):
+            out.append(chunked_shape(5, 40, 200, 4, 2, 64, p))
         out.append(shape("sinks", 1, 64, 64, 2, 2, 64, True, dtype=args.dtype))
         if not args.no_mla:
             out.append(shape("mla", 1, 64, 64, 2, 2, 32, True, dtype=args.dtype, dv=16))
@@ -138,6 +163,12 @@ def make_shapes(args):
         for b, sk, hq, hkv, d in dec:
             # the cache holds sk - 1 tokens; the step appends one and attends over sk
             out.append(shape("decode_step", b, 1, sk, hq, hkv, d, False, bwd=False, page=16))
+        # chunked prefill: prefill chunks of 512 queries and decode tokens in one varlen call
+        chunked = [(32, 512, 8192, 32, 8, 128)] if args.quick else [
+            (32, 512, 8192, 32, 8, 128), (64, 256, 4096, 32, 8, 128), (16, 1024, 32768, 16, 2, 64)]
+        for b, chunk, sk, hq, hkv, d in chunked:
+            for p in [0] + list(args.page_sizes):
+                out.append(chunked_shape(b, chunk, sk, hq, hkv, d, p))
     if not args.no_fp8:
         f8 = [(128, 8192)] if args.quick else [(128, 8192), (128, 16384), (256, 8192), (256, 16384)]
         for d, s in f8:
@@ -195,6 +226,16 @@ def setup_fa3c(sh, inp):
             rotary_sin=inp["sin"], cache_seqlens=inp["seqlens"], page_table=inp["page_table"],
             rotary_interleaved=False, num_splits=0)
         return Runner(f, f)
+    if sh["kind"] == "chunked":   # one prepared varlen call over a paged or packed cache
+        kw = dict(cu_seqlens_q=inp["cu_q"], max_seqlen_q=sh["seqlen_q"], causal=True)
+        if sh["page"]:
+            kw.update(page_table=inp["page_table"], seqused_k=inp["seqlens"])
+            fc = fa3c.prepare_forward(inp["q"], inp["k_cache"], inp["v_cache"], **kw)
+        else:
+            kw.update(cu_seqlens_k=inp["cu_k"], max_seqlen_k=sh["seqlen_k"])
+            fc = fa3c.prepare_forward(inp["q"], inp["k"], inp["v"], **kw)
+        fc.run()
+        return Runner(fc.run, lambda: fc.run()[0])
     return _setup_fa3c_call(sh, inp, inp.get("sinks"))
 
 
@@ -404,6 +445,22 @@ def sinks_reference(sh, inp, sinks):
     return out.detach(), grads
 
 
+def chunked_reference(sh, inp):
+    """The chunked prefill's output in float32, sequence by sequence (causal, bottom-right)."""
+    outs = []
+    cq, ck = inp["cu_q"].tolist(), inp["cu_k"].tolist()
+    g = sh["heads_q"] // sh["heads_kv"]
+    for i in range(sh["batch"]):
+        q = inp["q"][cq[i]:cq[i + 1]].float()
+        k = inp["k"][ck[i]:ck[i + 1]].float().repeat_interleave(g, dim=1)
+        v = inp["v"][ck[i]:ck[i + 1]].float().repeat_interleave(g, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(sh["hdim"])
+        nq, nk = q.shape[0], k.shape[0]
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=s.device).triu(nk - nq + 1), float("-inf"))
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v))
+    return torch.cat(outs)
+
+
 def step_reference(sh, inp):
     """decode_step's output in float32 from the inputs as made (before any step ran)."""
     pos, g = sh["seqlen_k"] - 1, sh["heads_q"] // sh["heads_kv"]
@@ -453,7 +510,34 @@ def classify(e):
 
 # ---- one shape -----------------------------------------------------------------------------
 
+def make_chunked_inputs(sh, device):
+    """Packed queries (total_q, hq, d) and keys (total_k, hkv, d) of chunked_lengths, with
+    cu_seqlens; with a page size also the keys as a paged cache (pages shuffled over the pool)."""
+    b, hq, hkv, d = sh["batch"], sh["heads_q"], sh["heads_kv"], sh["hdim"]
+    dt = torch.float16 if sh["dtype"] == "fp16" else torch.bfloat16
+    qs, ks = chunked_lengths(b, sh["seqlen_q"], sh["seqlen_k"])
+    cu = lambda n: torch.tensor([0] + list(itertools.accumulate(n)), device=device, dtype=torch.int32)  # noqa: E731
+    inp = dict(q=torch.randn(sum(qs), hq, d, device=device, dtype=dt), k=torch.randn(sum(ks), hkv, d, device=device,
+               dtype=dt), v=torch.randn(sum(ks), hkv, d, device=device, dtype=dt), cu_q=cu(qs), cu_k=cu(ks), dout=None,
+               deq=None)
+    page = sh["page"]
+    if page:
+        n = (max(ks) + page - 1) // page
+        table = torch.randperm(b * n, device=device).view(b, n)
+        kc = torch.zeros(b * n, page, hkv, d, device=device, dtype=dt)
+        vc = torch.zeros(b * n, page, hkv, d, device=device, dtype=dt)
+        for i, (k0, ki) in enumerate(zip(inp["cu_k"].tolist(), ks)):
+            pad = n * page - ki
+            kc[table[i]] = F.pad(inp["k"][k0:k0 + ki], (0, 0, 0, 0, 0, pad)).view(n, page, hkv, d)
+            vc[table[i]] = F.pad(inp["v"][k0:k0 + ki], (0, 0, 0, 0, 0, pad)).view(n, page, hkv, d)
+        inp.update(k_cache=kc, v_cache=vc, page_table=table.to(torch.int32),
+                   seqlens=torch.tensor(ks, device=device, dtype=torch.int32))
+    return inp
+
+
 def make_inputs(sh, device):
+    if sh["kind"] == "chunked":
+        return make_chunked_inputs(sh, device)
     b, sq, sk, hq, hkv, d = (sh[n] for n in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "hdim"))
     dv = sh.get("hdim_v", d)
     dt = torch.float16 if sh["dtype"] == "fp16" else torch.bfloat16   # fp8: made from bf16
@@ -507,6 +591,8 @@ def run_shape(sh, impls, timer, log, deadline):
     ref_inp = dict(inp, q=inp["deq"][0], k=inp["deq"][1], v=inp["deq"][2]) if inp["deq"] else inp
     if sh["kind"] == "decode_step":
         ref_name, ref_out = "float32 step", step_reference(sh, inp)
+    if sh["kind"] == "chunked":
+        ref_name, ref_out = "float32 per sequence", chunked_reference(sh, inp)
     impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and
              (i not in ("torch_step", "fa3c_nosink") or i in KIND_IMPLS.get(sh["kind"], ()))]
     if "fa3c" in impls and BASE_IMPL.get(sh["kind"]) not in (None, *impls):
@@ -676,6 +762,9 @@ def markdown(results, impls, targets=None):
               ("sinks", "bwd", "Attention sinks, backward (dsinks included), %s" % dt, "tflops"),
               ("decode_step", "fwd", "Decode step: append one token's k, v to a paged cache (pages of 16), rotary "
                "on q and k, attention (as users call them; ratio to the same step in PyTorch)", "gbps"),
+              ("chunked", "fwd", "Chunked prefill, %s: every fourth sequence a chunk of sq queries, the others one "
+               "decode token, sk - 37 i keys for sequence i (fa3c; ratio to the packed contiguous keys, page 0)" % dt,
+               "tflops"),
               ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
     for kind, direction, title, metric in titles:
         table = by.get((kind, direction))
@@ -684,7 +773,7 @@ def markdown(results, impls, targets=None):
         base_impl = BASE_IMPL.get(kind, "cudnn")
         cols = [i for i in impls + [base_impl] * (base_impl not in impls) if any(i in v for v in table.values())]
         with_target = kind == "grid" and any(k[0] == direction for k in targets)
-        paged = kind in ("decode_paged", "decode_step")
+        paged = kind in ("decode_paged", "decode_step", "chunked")
         lines += ["", "### " + title, ""]
         lines.append(("| page " if paged else "") + "| hdim | causal | b | sq | sk | hq/hkv | " + " | ".join(cols) +
                      (" | target | met |" if with_target else " |"))
@@ -697,6 +786,8 @@ def markdown(results, impls, targets=None):
             base = rs.get(base_impl)
             if kind == "decode_paged":   # fa3c on the same cache, contiguous
                 base = by.get(("decode", direction), {}).get(("decode",) + key[1:-1] + (0,), {}).get("fa3c")
+            if kind == "chunked":   # fa3c on the same keys, packed contiguously (the page-0 row)
+                base = table.get(key[:-1] + (0,), {}).get("fa3c") if key[-1] else None
             f = rs.get("fa3c")
             if f and base and f["status"] == "ok" and base["status"] == "ok":
                 ratios.append(f[metric] / base[metric])
@@ -722,7 +813,7 @@ def markdown(results, impls, targets=None):
             lines.append("fa3c / %s: geometric mean %.3f, min %.3f, max %.3f over %d shapes%s"
                          % ({"cudnn": "cuDNN", "torch_step": "the PyTorch step",
                                 "fa3c_nosink": "fa3c without sinks"}.get(base_impl, base_impl)
-                            if kind != "decode_paged" else "fa3c contiguous", gm, min(ratios), max(ratios), len(ratios),
+                            if kind not in ("decode_paged", "chunked") else "fa3c contiguous", gm, min(ratios), max(ratios), len(ratios),
                             "; PEERS.md bar met on %d of %d" % (sum(met), len(met)) if met else ""))
     bad = [r for r in results["rows"] if r["status"] in ("FAILED", "error")]
     if bad:
@@ -801,7 +892,7 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--no-fwd", action="store_true",
                     help="time only the backward of the grid, GQA and MLA shapes (the forward still runs once)")
-    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--no-decode", action="store_true", help="no decode, decode-step or chunked-prefill shapes")
     ap.add_argument("--page-sizes", default="1,16,64",
                     help="page sizes of the paged-cache decode rows (comma list; empty: none)")
     ap.add_argument("--no-gqa", action="store_true")
