@@ -179,9 +179,9 @@ FA3C_DEVICE float2 pair_at(const PairsAhead<N> &ahead, uint32_t addr, int j) {
 // Pᵀ of this thread's elements, while dPᵀ's GEMM may still run: key rows
 // key0 and key0 + 8, query columns q0 + 8 j + 2 quad (+1), their LSE from
 // the slot (lse_addr; the first pairs in lse_ahead). A pair the mask hides
-// (seen_columns) gets a score of -inf, so ex2 gives P = 0; padding query rows, and rows a shifted query
-// tile shares with the block before, have lse_log2 = +inf, so P = 0 there
-// too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
+// (seen_columns) gets a score of -inf, so ex2 gives P = 0; padding query
+// rows, and rows a shifted query tile shares with the block before, have
+// lse_log2 = +inf, so P = 0 there too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
 // p_frag here, and P times tanh's derivative, which dS takes once tanh's
 // argument is gone, to ps as fp16 pairs (its values are in [0, 1]), pair i
 // at ps[128 i]: this thread's slots in smem, as the registers at 80 query
@@ -467,9 +467,8 @@ FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, in
         // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
         // free until the dS stores below (after a barrier of the warpgroup).
         uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
-        // The first LSE and dsum pairs loaded ahead of the waits
-        // (FA3C_BWD_LSE_PAIRS_AHEAD, FA3C_BWD_DSUM_PAIRS_AHEAD), so that their latency
-        // passes under the GEMMs.
+        // The first LSE and dsum pairs loaded ahead of the waits (FA3C_BWD_LSE_PAIRS_AHEAD,
+        // FA3C_BWD_DSUM_PAIRS_AHEAD), so that their latency passes under the GEMMs.
         const uint32_t lse_addr = smem_addr(sm.lse_log2[s]), dsum_addr = smem_addr(sm.dsum[s]);
         PairsAhead<FA3C_BWD_LSE_AHEAD(M)> lse_ahead;
         PairsAhead<FA3C_BWD_DSUM_AHEAD(M)> dsum_ahead;
