@@ -11,7 +11,8 @@
 //     a contiguous range starting at first_key_block.
 //   - The fp8 forward: P's fragment bytes (fp8_fragment_source) carry the keys
 //     Vᵀ's slots hold (fa3c_fp8_key_of_slot); its mask bounds
-//     (fp8_row_columns) and key-block range (fp8_key_blocks) match the mask.
+//     (fp8_row_columns), key-block range (fp8_key_blocks) and blocks without
+//     a mask (fp8_unmasked_blocks) match the mask.
 #include "gpu_util.cuh"
 #include "problem.h"
 #include "../../src/cuda/backward/bwd_sm90.cuh"
@@ -331,6 +332,41 @@ TEST(fp8_mask_bounds_and_key_blocks) {
                 }
             }
     CHECK(errors == 0, "%d mask or key-block errors in the fp8 forward", errors);
+}
+
+// The blocks the fp8 forward takes without a mask (fp8_unmasked_blocks) are
+// exactly those every row of the CTA (below seqlen_q) sees whole.
+TEST(fp8_unmasked_blocks_are_seen_whole) {
+    // 255 and 130 / 256 put a band's end one key before a block's (an off-by-one in either bound shows)
+    const int lens[] = {1, 17, 100, 128, 129, 130, 255, 256, 300, 640};
+    const int windows[][3] = {{0, -1, -1}, {1, -1, -1}, {0, 40, 8}, {0, 0, 0}, {1, 70, -1}, {0, 200, 150}, {1, 300, -1}};
+    int errors = 0, whole_blocks = 0;
+    for (int a = 0; a < 10; a++)
+        for (int b = 0; b < 10; b++)
+            for (int w = 0; w < 7; w++) {
+                const int sq = lens[a], sk = lens[b];
+                const fa3c_problem pr = mask_problem(windows[w][0], windows[w][1], windows[w][2]);
+                fa3c_fp8_kernel_params p;
+                memset(&p, 0, sizeof p);
+                p.seqlen_q = sq;
+                p.seqlen_k = sk;
+                p.window_left = pr.window_left;
+                p.window_right = pr.causal ? 0 : pr.window_right;
+                for (int m0 = 0; m0 < sq; m0 += FP8_M) {
+                    int u_begin, u_end;
+                    fp8_unmasked_blocks(p, m0, u_begin, u_end);
+                    for (int n = 0; n * FP8_N < sk + FP8_N; n++) {
+                        int whole = 1;
+                        for (int q = m0; q < m0 + FP8_M && q < sq && whole; q++)
+                            for (int key = n * FP8_N; key < (n + 1) * FP8_N && whole; key++)
+                                whole = key < sk && visible(&pr, q, key, sq, sk);
+                        errors += whole != (n >= u_begin && n < u_end);
+                        whole_blocks += whole;
+                    }
+                }
+            }
+    CHECK(errors == 0, "%d blocks where fp8_unmasked_blocks and the mask disagree", errors);
+    CHECK(whole_blocks > 100, "only %d blocks seen whole: the cases test too little", whole_blocks);
 }
 
 TEST_MAIN()

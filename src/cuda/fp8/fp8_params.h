@@ -26,6 +26,14 @@ extern "C" {
  * slot only a block later, once P·V of its block has landed (hdim 256:
  * 32 + 3 x 64 KB, within 227 KB). */
 #define FA3C_FP8_STAGES(d) (FA3C_FP8_OVERLAP ? 3 : 2)
+/* 1: key blocks that every row of the CTA sees whole (fp8_unmasked_blocks:
+ * without a mask or window all but a sequence's ragged last block; causal,
+ * all off the diagonal) take their scores without the mask's two compares
+ * and select per element, as the bf16 forward does; 0: every block masked.
+ * An experiment until its A/B (docs/KNOBS.md). */
+#ifndef FA3C_FP8_UNMASKED_BLOCKS
+#define FA3C_FP8_UNMASKED_BLOCKS 0
+#endif
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

@@ -55,6 +55,23 @@ FA3C_HOST_DEVICE void fp8_key_blocks(const fa3c_fp8_kernel_params &p, int m0, in
     n_end = (int)(hi / FP8_N) + 1;
 }
 
+// Key blocks [u_begin, u_end) that every row of [m0, m0 + 128) below
+// seqlen_q sees whole, so their scores need no mask: the band's lower end
+// grows with the row and so does its upper end, so the last row's lower end
+// and the first row's upper end bound it (a row that sees no key leaves the
+// range empty).
+FA3C_HOST_DEVICE void fp8_unmasked_blocks(const fa3c_fp8_kernel_params &p, int m0, int &u_begin, int &u_end) {
+    const long long diag = (long long)p.seqlen_k - p.seqlen_q;
+    const long long first = m0, last = min((long long)m0 + FP8_M - 1, (long long)p.seqlen_q - 1);
+    long long lo = p.window_left >= 0 ? last + diag - p.window_left : 0;
+    long long hi = p.window_right >= 0 ? first + diag + p.window_right : (long long)p.seqlen_k - 1;
+    lo = max(lo, 0ll);
+    hi = min(hi, (long long)p.seqlen_k - 1);
+    u_begin = (int)min((lo + FP8_N - 1) / FP8_N, (long long)INT_MAX);   // the first block starting at or after lo
+    u_end = hi < 0 ? 0 : (int)((hi + 1) / FP8_N);                     // past the last one ending at or before hi
+    if (u_end < u_begin) u_end = u_begin;
+}
+
 // ---- producer ----------------------------------------------------------------------
 
 template <int D>
@@ -173,13 +190,15 @@ FA3C_HOST_DEVICE void fp8_row_columns(const fa3c_fp8_kernel_params &p, long long
 
 // Scores to log2 units with the mask: thread rows row0, row0 + 8 (queries),
 // columns key0 + 8 c + 2 t (+1). Masked and past-the-end keys get -inf.
+// MASKED = false: a block every row sees whole (fp8_unmasked_blocks).
+template <bool MASKED = true>
 FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float score_log2, float softcap_pre, int row0,
                             int key0) {
     const int t = threadIdx.x % 4;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        int lo_c, hi_c;   // the row's keys, as offsets from key0 + 2 t
-        fp8_row_columns(p, row0 + 8 * r, (long long)key0 + 2 * t, lo_c, hi_c);
+        int lo_c = 0, hi_c = FP8_N;   // the row's keys, as offsets from key0 + 2 t
+        if (MASKED) fp8_row_columns(p, row0 + 8 * r, (long long)key0 + 2 * t, lo_c, hi_c);
 #pragma unroll
         for (int c = 0; c < FP8_N / 8; c++)
 #pragma unroll
@@ -187,9 +206,19 @@ FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float sco
                 const int i = 4 * c + 2 * r + e, off = 8 * c + e;
                 float x = s[i];
                 if (p.softcap != 0.f) x = p.softcap * tanh_approx(x * softcap_pre);
-                s[i] = off >= lo_c && off <= hi_c ? x * score_log2 : -INFINITY;
+                s[i] = !MASKED || (off >= lo_c && off <= hi_c) ? x * score_log2 : -INFINITY;
             }
     }
+}
+
+// The scores of key block n: without the mask where every row of the CTA
+// sees the block whole (FA3C_FP8_UNMASKED_BLOCKS, [u_begin, u_end)).
+FA3C_DEVICE void fp8_block_scores(float *s, const fa3c_fp8_kernel_params &p, float score_log2, float softcap_pre,
+                                  int row0, int n, int u_begin, int u_end) {
+    if (FA3C_FP8_UNMASKED_BLOCKS && n >= u_begin && n < u_end)
+        fp8_scores<false>(s, p, score_log2, softcap_pre, row0, n * FP8_N);
+    else
+        fp8_scores<true>(s, p, score_log2, softcap_pre, row0, n * FP8_N);
 }
 
 // Online softmax step for row r of the thread's two (0: row0, 1: row0 + 8):
@@ -241,8 +270,9 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     const float qk_scale = q_descale * k_descale * p.softmax_scale;
     const float score_log2 = (p.softcap != 0.f ? 1.f : qk_scale) * 1.4426950408889634f;
     const float softcap_pre = p.softcap != 0.f ? qk_scale / p.softcap : 0.f;
-    int n_begin, n_end;
+    int n_begin, n_end, u_begin = 0, u_end = 0;
     fp8_key_blocks(p, m0, n_begin, n_end);
+    if (FA3C_FP8_UNMASKED_BLOCKS) fp8_unmasked_blocks(p, m0, u_begin, u_end);
 
     float o[D / 2];
 #pragma unroll
@@ -259,7 +289,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             wgmma_commit();
             wgmma_wait<0>();
             fp8_fence_regs<FP8_N / 2>(sc);
-            fp8_scores(sc, p, score_log2, softcap_pre, row0, n * FP8_N);
+            fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n, u_begin, u_end);
 #pragma unroll
             for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r));
             uint32_t p_frag[FP8_N / 32][4];
@@ -283,7 +313,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
         wgmma_commit();
         wgmma_wait<0>();
         fp8_fence_regs<FP8_N / 2>(sc);
-        fp8_scores(sc, p, score_log2, softcap_pre, row0, n_begin * FP8_N);
+        fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin, u_begin, u_end);
         fp8_softmax_row(sc, st, 0);   // O is 0: nothing to rescale
         fp8_softmax_row(sc, st, 1);
         fp8_probs_to_fragments(sc, p_frag);
@@ -299,7 +329,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             if (!(wg == 1 && it == last)) named_bar_arrive(BAR_FP8_TURN_WG0 + (1 - wg), 256);
             wgmma_wait<1>();   // S(n); P·V(n-1) may still run
             fp8_fence_regs<FP8_N / 2>(sc);
-            fp8_scores(sc, p, score_log2, softcap_pre, row0, (n_begin + it) * FP8_N);
+            fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin + it, u_begin, u_end);
             rescale[0] = fp8_softmax_row(sc, st, 0);
             rescale[1] = fp8_softmax_row(sc, st, 1);
             wgmma_wait<0>();   // P·V(n-1): its slot is free, O may be rescaled, P(n-1)'s registers reused
