@@ -15,8 +15,8 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     size_t smem;
     // The host's query block (FA3C_BWD_CALL_BLOCK_M): the instance's own, or at
     // hdim 128 with FA3C_BWD_HDIM128_SHORT_M64 64 rows for short calls; at 80
-    // rows with the unmasked steps the softcap form is a kernel of its own
-    // (bwd_kernel's FORM).
+    // rows with the unmasked steps (or FA3C_BWD_HDIM128_SPLIT_FORMS) the
+    // softcap form is a kernel of its own (bwd_kernel's FORM).
     const int block_m = p->num_m_blocks > 0 ? p->rows_pad / p->num_m_blocks : 0;
     constexpr bool SHORT_M64 = D == 128 && FA3C_BWD_HDIM128_SHORT_M64 && FA3C_BWD_BLOCK_M(128) != 64;
     const bool m64 = SHORT_M64 && block_m == 64, softcap = p->softcap != 0.f;
@@ -27,7 +27,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
         kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
     } else {
         smem = bwd_smem_bytes<D>();
-        if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && FA3C_BWD_UNMASKED_STEPS(D)) {   // no kernel with both forms
+        if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && (FA3C_BWD_UNMASKED_STEPS(D) || FA3C_BWD_HDIM128_SPLIT_FORMS)) {
             kernel = bwd_kernel<D, FP16, 80, BWD_PLAIN>;
             if (softcap) kernel = bwd_kernel<D, FP16, 80, BWD_SOFTCAP>, regs = &regs_softcap;
         } else {

@@ -183,6 +183,13 @@
 #endif
 #define FA3C_BWD_UNMASKED_STEPS(d)                                                                  \
     ((d) == 64 ? FA3C_BWD_HDIM64_UNMASKED_STEPS : (d) == 128 ? FA3C_BWD_HDIM128_UNMASKED_STEPS : 0)
+/* 1: at 80 rows the plain and softcap consumers are kernels of their own
+ * (bwd_kernel's FORM), as the unmasked steps need (ptxas spilled the softcap
+ * form beside them); 1 without the unmasked steps separates the split's
+ * cost from theirs in an A/B (docs/KNOBS.md). 0: one kernel with both. */
+#ifndef FA3C_BWD_HDIM128_SPLIT_FORMS
+#define FA3C_BWD_HDIM128_SPLIT_FORMS FA3C_BWD_HDIM128_UNMASKED_STEPS
+#endif
 
 /* How many of a thread's LSE and dsum pairs (M / 8 in all) the narrow
  * kernel loads from smem before it waits for Sᵀ and dPᵀ, so that the loads'
