@@ -34,6 +34,14 @@ extern "C" {
 #ifndef FA3C_FP8_UNMASKED_BLOCKS
 #define FA3C_FP8_UNMASKED_BLOCKS 0
 #endif
+/* 1: the scores' softcap in a loop of its own under one uniform branch;
+ * 0: inside the mask's loop, where ptxas predicates it, so calls without
+ * softcap still issue its two multiplies and tanh per element (a fifth of
+ * the hdim-128 loop's instructions). An experiment until its A/B
+ * (docs/KNOBS.md). */
+#ifndef FA3C_FP8_SOFTCAP_LOOP
+#define FA3C_FP8_SOFTCAP_LOOP 0
+#endif
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

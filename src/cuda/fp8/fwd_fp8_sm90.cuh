@@ -195,6 +195,13 @@ template <bool MASKED = true>
 FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float score_log2, float softcap_pre, int row0,
                             int key0) {
     const int t = threadIdx.x % 4;
+    // Softcap in a loop of its own under one uniform branch (FA3C_FP8_SOFTCAP_LOOP):
+    // inside the mask's loop ptxas predicated it, so calls without softcap still
+    // issued its multiplies and tanh for every element.
+    if (FA3C_FP8_SOFTCAP_LOOP && p.softcap != 0.f) {
+#pragma unroll
+        for (int i = 0; i < FP8_N / 2; i++) s[i] = p.softcap * tanh_approx(s[i] * softcap_pre);
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int lo_c = 0, hi_c = FP8_N;   // the row's keys, as offsets from key0 + 2 t
@@ -205,7 +212,7 @@ FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float sco
             for (int e = 0; e < 2; e++) {
                 const int i = 4 * c + 2 * r + e, off = 8 * c + e;
                 float x = s[i];
-                if (p.softcap != 0.f) x = p.softcap * tanh_approx(x * softcap_pre);
+                if (!FA3C_FP8_SOFTCAP_LOOP && p.softcap != 0.f) x = p.softcap * tanh_approx(x * softcap_pre);
                 s[i] = !MASKED || (off >= lo_c && off <= hi_c) ? x * score_log2 : -INFINITY;
             }
     }
