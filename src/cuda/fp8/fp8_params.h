@@ -42,6 +42,13 @@ extern "C" {
 #ifndef FA3C_FP8_SOFTCAP_LOOP
 #define FA3C_FP8_SOFTCAP_LOOP 0
 #endif
+/* 1: the scores stay unscaled until the exp, whose subtraction takes the
+ * scale in one FFMA (the row maximum is scaled once per row), saving a
+ * multiply per element; 0: scaled as they come out of the GEMM. An
+ * experiment until its A/B (docs/KNOBS.md). */
+#ifndef FA3C_FP8_FUSED_SCALE
+#define FA3C_FP8_FUSED_SCALE 0
+#endif
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

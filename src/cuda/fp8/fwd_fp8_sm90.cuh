@@ -213,7 +213,8 @@ FA3C_DEVICE void fp8_scores(float *s, const fa3c_fp8_kernel_params &p, float sco
                 const int i = 4 * c + 2 * r + e, off = 8 * c + e;
                 float x = s[i];
                 if (!FA3C_FP8_SOFTCAP_LOOP && p.softcap != 0.f) x = p.softcap * tanh_approx(x * softcap_pre);
-                s[i] = !MASKED || (off >= lo_c && off <= hi_c) ? x * score_log2 : -INFINITY;
+                const float scaled = FA3C_FP8_FUSED_SCALE ? x : x * score_log2;   // fp8_softmax_row scales
+                s[i] = !MASKED || (off >= lo_c && off <= hi_c) ? scaled : -INFINITY;
             }
     }
 }
@@ -232,12 +233,16 @@ FA3C_DEVICE void fp8_block_scores(float *s, const fa3c_fp8_kernel_params &p, flo
 // the new row max, the sum rescaled, P in place; returns the factor O's row
 // must be rescaled by (fp8_rescale_o_row: the overlapped loop applies it
 // only once the P·V in flight has landed).
-FA3C_DEVICE float fp8_softmax_row(float *s, Fp8RowState &st, int r) {
-    float mx = st.max[r];
+// With FA3C_FP8_FUSED_SCALE, s holds the scores unscaled: their maximum
+// times score_log2 (> 0) is the scaled one, and the scale joins the exp's
+// subtraction in one FFMA.
+FA3C_DEVICE float fp8_softmax_row(float *s, Fp8RowState &st, int r, float score_log2) {
+    float mx = FA3C_FP8_FUSED_SCALE ? -INFINITY : st.max[r];
 #pragma unroll
     for (int c = 0; c < FP8_N / 8; c++) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
+    if (FA3C_FP8_FUSED_SCALE) mx = fmaxf(st.max[r], mx * score_log2);
     // A row that has seen no key yet keeps offset 0: exp2(-inf - 0) = 0, never NaN.
     const float off = mx == -INFINITY ? 0.f : mx - 8.f;
     const float rescale = mx == -INFINITY ? 1.f : ex2f(st.max[r] - mx);
@@ -247,7 +252,8 @@ FA3C_DEVICE float fp8_softmax_row(float *s, Fp8RowState &st, int r) {
     for (int c = 0; c < FP8_N / 8; c++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const float prob = ex2f(s[4 * c + 2 * r + e] - off);
+            const float x = s[4 * c + 2 * r + e];
+            const float prob = ex2f(FA3C_FP8_FUSED_SCALE ? fmaf(x, score_log2, -off) : x - off);
             s[4 * c + 2 * r + e] = prob;
             sum += prob;
         }
@@ -298,7 +304,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             fp8_fence_regs<FP8_N / 2>(sc);
             fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n, u_begin, u_end);
 #pragma unroll
-            for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r));
+            for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r, score_log2));
             uint32_t p_frag[FP8_N / 32][4];
             fp8_probs_to_fragments(sc, p_frag);
             fp8_pv_and_release<D>(o, p_frag, sm.vt[s], &sm.kv_empty[s]);
@@ -321,8 +327,8 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
         wgmma_wait<0>();
         fp8_fence_regs<FP8_N / 2>(sc);
         fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin, u_begin, u_end);
-        fp8_softmax_row(sc, st, 0);   // O is 0: nothing to rescale
-        fp8_softmax_row(sc, st, 1);
+        fp8_softmax_row(sc, st, 0, score_log2);   // O is 0: nothing to rescale
+        fp8_softmax_row(sc, st, 1, score_log2);
         fp8_probs_to_fragments(sc, p_frag);
         for (int it = 1; it <= last; it++) {
             const int s = it % FA3C_FP8_STAGES(D), prev = (it - 1) % FA3C_FP8_STAGES(D);
@@ -337,8 +343,8 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             wgmma_wait<1>();   // S(n); P·V(n-1) may still run
             fp8_fence_regs<FP8_N / 2>(sc);
             fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin + it, u_begin, u_end);
-            rescale[0] = fp8_softmax_row(sc, st, 0);
-            rescale[1] = fp8_softmax_row(sc, st, 1);
+            rescale[0] = fp8_softmax_row(sc, st, 0, score_log2);
+            rescale[1] = fp8_softmax_row(sc, st, 1, score_log2);
             wgmma_wait<0>();   // P·V(n-1): its slot is free, O may be rescaled, P(n-1)'s registers reused
             fp8_fence_regs<D / 2>(o);
             __syncwarp();
