@@ -49,6 +49,12 @@ extern "C" {
 #ifndef FA3C_FP8_FUSED_SCALE
 #define FA3C_FP8_FUSED_SCALE 0
 #endif
+/* 1: the overlapped loop skips O's rescale in a warp whose rows all kept
+ * their maximum (a rescale of exactly 1), D / 2 multiplies per thread; 0:
+ * every block rescales. An experiment until its A/B (docs/KNOBS.md). */
+#ifndef FA3C_FP8_LAZY_RESCALE
+#define FA3C_FP8_LAZY_RESCALE 0
+#endif
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

@@ -270,6 +270,16 @@ FA3C_DEVICE void fp8_rescale_o_row(float *o, int r, float rescale) {
     }
 }
 
+// O's two rows times their rescales. With FA3C_FP8_LAZY_RESCALE skipped
+// where no row of the warp changed its maximum (rescales of exactly 1, so
+// the skip changes no bit), which after the first blocks is most blocks.
+template <int D>
+FA3C_DEVICE void fp8_rescale_o(float *o, const float rescale[2]) {
+    if (FA3C_FP8_LAZY_RESCALE && !__any_sync(~0u, rescale[0] != 1.f || rescale[1] != 1.f)) return;
+    fp8_rescale_o_row<D>(o, 0, rescale[0]);
+    fp8_rescale_o_row<D>(o, 1, rescale[1]);
+}
+
 // ---- consumer ----------------------------------------------------------------------
 
 template <int D>
@@ -349,8 +359,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             fp8_fence_regs<D / 2>(o);
             __syncwarp();
             if (lane == 0) mbar_arrive(&sm.kv_empty[prev]);
-            fp8_rescale_o_row<D>(o, 0, rescale[0]);
-            fp8_rescale_o_row<D>(o, 1, rescale[1]);
+            fp8_rescale_o<D>(o, rescale);
             fp8_probs_to_fragments(sc, p_frag);
         }
         const int s = last % FA3C_FP8_STAGES(D);   // the last block's P·V
