@@ -49,8 +49,6 @@ typedef struct call_desc {
 static const char *const descale_names[3] = {"q_descale", "k_descale", "v_descale"};
 static const char *const block_descale_names[3] = {"q_block_descale", "k_block_descale", "v_block_descale"};
 
-
-
 static const char *dtype_name(fa3c_dtype d) {
     switch (d) {
     case FA3C_DTYPE_FP32: return "FP32";

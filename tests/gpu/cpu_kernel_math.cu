@@ -298,6 +298,18 @@ TEST(fp8_fragment_bytes_meet_their_keys) {
     CHECK(errors == 0, "%d fragment bytes or slots out of place", errors);
 }
 
+// The fp8 kernel's params of problem pr's mask at lengths sq, sk (causal as
+// window_right 0, as fp8_host.c sets them).
+static fa3c_fp8_kernel_params fp8_mask_params(const fa3c_problem *pr, int sq, int sk) {
+    fa3c_fp8_kernel_params p;
+    memset(&p, 0, sizeof p);
+    p.seqlen_q = sq;
+    p.seqlen_k = sk;
+    p.window_left = pr->window_left;
+    p.window_right = pr->causal ? 0 : pr->window_right;
+    return p;
+}
+
 TEST(fp8_mask_bounds_and_key_blocks) {
     const int lens[] = {1, 17, 100, 128, 129, 300};
     const int windows[][3] = {{0, -1, -1}, {1, -1, -1}, {0, 40, 8}, {0, 0, 0}, {1, 70, -1}};
@@ -307,12 +319,7 @@ TEST(fp8_mask_bounds_and_key_blocks) {
             for (int w = 0; w < 5; w++) {
                 const int sq = lens[a], sk = lens[b];
                 const fa3c_problem pr = mask_problem(windows[w][0], windows[w][1], windows[w][2]);
-                fa3c_fp8_kernel_params p;
-                memset(&p, 0, sizeof p);
-                p.seqlen_q = sq;
-                p.seqlen_k = sk;
-                p.window_left = pr.window_left;
-                p.window_right = pr.causal ? 0 : pr.window_right;
+                const fa3c_fp8_kernel_params p = fp8_mask_params(&pr, sq, sk);
                 for (int m0 = 0; m0 < sq; m0 += FP8_M) {
                     int n_begin, n_end;
                     fp8_key_blocks(p, m0, n_begin, n_end);
@@ -346,12 +353,7 @@ TEST(fp8_unmasked_blocks_are_seen_whole) {
             for (int w = 0; w < 7; w++) {
                 const int sq = lens[a], sk = lens[b];
                 const fa3c_problem pr = mask_problem(windows[w][0], windows[w][1], windows[w][2]);
-                fa3c_fp8_kernel_params p;
-                memset(&p, 0, sizeof p);
-                p.seqlen_q = sq;
-                p.seqlen_k = sk;
-                p.window_left = pr.window_left;
-                p.window_right = pr.causal ? 0 : pr.window_right;
+                const fa3c_fp8_kernel_params p = fp8_mask_params(&pr, sq, sk);
                 for (int m0 = 0; m0 < sq; m0 += FP8_M) {
                     int u_begin, u_end;
                     fp8_unmasked_blocks(p, m0, u_begin, u_end);
