@@ -594,14 +594,17 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         table = ((int64_t)pr->batch - 1) * pr->page_table_stride +
                 ((int64_t)pr->seqlen_k + pr->page_size - 1) / pr->page_size;
     const int64_t descales = (int64_t)pr->batch * pr->heads_kv;
-    const void *src[9] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
-                          c->descale[0],    c->descale[1],    c->descale[2], pr->seqused_q, pr->leftpad_k};
-    const int64_t count[9] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
-                              descales, descales, descales, pr->batch, pr->batch};
-    void *copy[9] = {0};
+    enum { N = 12 };
+    const void *src[N] = {pr->cu_seqlens_q, pr->cu_seqlens_k, pr->seqused_k, pr->page_table,
+                          c->descale[0],    c->descale[1],    c->descale[2], pr->seqused_q, pr->leftpad_k,
+                          c->block_descale[0], c->block_descale[1], c->block_descale[2]};
+    const int64_t count[N] = {(int64_t)pr->batch + 1, (int64_t)pr->batch + 1, pr->batch, table,
+                              descales, descales, descales, pr->batch, pr->batch,
+                              block_descale_count(pr, 0), block_descale_count(pr, 1), block_descale_count(pr, 2)};
+    void *copy[N] = {0};
     fa3c_status s = FA3C_STATUS_OK;
-    for (int i = 0; i < 9 && s == FA3C_STATUS_OK; i++) {
-        if (!src[i] || count[i] <= 0) continue;
+    for (int i = 0; i < N && s == FA3C_STATUS_OK; i++) {
+        if (!src[i] || count[i] <= 0 || count[i] >= INT64_MAX / 8) continue;   /* overflowed: check_extents refuses */
         const size_t bytes = (size_t)count[i] * 4;   /* int32 and float32 alike */
         if (!(copy[i] = malloc(bytes)))
             s = fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "checking device metadata: no host memory for %zu bytes", bytes);
@@ -618,13 +621,14 @@ static fa3c_status check_device_arrays(const call_desc *c) {
         if (copy[3]) h.page_table = (const int32_t *)copy[3];
         if (copy[7]) h.seqused_q = (const int32_t *)copy[7];
         if (copy[8]) h.leftpad_k = (const int32_t *)copy[8];
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3; i++) {
             if (copy[4 + i]) hc.descale[i] = (const float *)copy[4 + i];
-        for (int i = 0; i < 3; i++) hc.block_descale[i] = NULL;   /* not read: the CUDA backend refuses them */
+            hc.block_descale[i] = (const float *)copy[9 + i];   /* NULL where not copied: not read */
+        }
         s = check_host_arrays(&hc);
         if (s == FA3C_STATUS_OK) s = check_extents(&hc, 1);
     }
-    for (int i = 0; i < 9; i++) free(copy[i]);
+    for (int i = 0; i < N; i++) free(copy[i]);
     return s;
 }
 
@@ -715,10 +719,6 @@ static fa3c_status prepare_fwd(const fa3c_fwd_params *p, fa3c_fwd_params *out, i
     if ((s = validate(&c, &backend)) != FA3C_STATUS_OK) return s;
     if (p->qv.data && backend == FA3C_BACKEND_CUDA)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "qv: not on the CUDA backend yet (the CPU backends take it)");
-    for (int i = 0; i < 3; i++)
-        if (block_descale[i] && backend == FA3C_BACKEND_CUDA)
-            return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "%s: not on the CUDA backend yet (the CPU backends take it)",
-                              block_descale_names[i]);
 
     out->backend = backend;
     out->problem.softmax_scale = fa3c_softmax_scale(pr, p->qv.data != NULL);
@@ -1139,8 +1139,6 @@ static fa3c_status prepare_quantize(const fa3c_quantize_params *p, fa3c_backend 
         for (int j = 0; j < p->headdim; j++)   /* anything but +-1 would not be a rotation */
             if (p->signs[j] != 1.0f && p->signs[j] != -1.0f)
                 return fa3c_error(BAD, "signs[%d]: must be +1 or -1 (got %g)", j, (double)p->signs[j]);
-    if (*backend == FA3C_BACKEND_CUDA && p->block_rows)
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "block_rows: not on the CUDA backend yet (the CPU backends take it)");
     if (*backend == FA3C_BACKEND_CUDA && !FA3C_CUDA_QUANTIZE)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "fa3c_quantize_fp8: the CUDA kernels are built but off until "
                           "their GPU test has run (-DFA3C_CUDA_QUANTIZE=1); the CPU backends take host memory");

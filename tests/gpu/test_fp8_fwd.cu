@@ -1,6 +1,6 @@
 // The Hopper fp8 (e4m3) forward through the public API (backend CUDA)
 // against the float64 CPU reference on the dequantized inputs (stored value
-// x descale), with ARCHITECTURE.md's accuracy rule:
+// x descale x block descale), with ARCHITECTURE.md's accuracy rule:
 //   max|gpu - ref| <= 2 * max|naive fp8 - ref| + 1e-3 * max|ref|,
 // where the naive fp8 forward (below) rounds the probabilities to e4m3 (as
 // the kernel does, scaled to [0, 256]) before P·V and the output to bf16.
@@ -21,6 +21,7 @@ typedef struct {
     float softcap;
     float outlier;   // > 0: scale 0.1% of q and k entries by this before quantizing (large logits)
     int descales;    // 1: random per-(batch, K/V head) descales in [0.5, 2]; 0: NULL (the kernel's 1)
+    int blocks;      // 1: per-block descales too (q_block_descale, ...), log-uniform in [1/8, 8]
 } fp8_case;
 
 static fp8_case fcase(int b, int sq, int sk, int hq, int hkv, int d) {
@@ -106,9 +107,9 @@ static int cuda_fp8_enabled(void) {
 
 static void run_case(const char *label, fp8_case c) {
     const int64_t B = c.batch, SQ = c.seqlen_q, SK = c.seqlen_k, HQ = c.heads_q, HK = c.heads_kv, D = c.headdim;
-    printf("[%s] e4m3 b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g outlier=%g descales=%d\n",
-           label, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim, c.causal, c.window_left,
-           c.window_right, c.softcap, c.outlier, c.descales);
+    printf("[%s] e4m3 b=%d sq=%d sk=%d hq=%d hkv=%d d=%d causal=%d window=(%d,%d) softcap=%g outlier=%g descales=%d "
+           "blocks=%d\n", label, c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.headdim, c.causal,
+           c.window_left, c.window_right, c.softcap, c.outlier, c.descales, c.blocks);
     const int64_t nq = B * SQ * HQ * D, nk = B * SK * HK * D, nlse = B * HQ * SQ;
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
@@ -119,30 +120,39 @@ static void run_case(const char *label, fp8_case c) {
     p.problem.softcap = c.softcap;
     p.problem.softmax_scale = (float)(1.0 / sqrt((double)D));
 
-    // e4m3 inputs: N(0, 1) values (a few scaled up with outlier) quantized with their descale.
-    float *desc[3];
+    // e4m3 inputs: N(0, 1) values (a few scaled up with outlier) times their
+    // block's descale (so that blocks differ in size, as the scales say),
+    // quantized with their descales.
+    float *desc[3], *bdesc[3];
     uint8_t *h8[3];
     const int64_t n[3] = {nq, nk, nk};
+    int64_t nb[3];
     for (int t = 0; t < 3; t++) {
+        const int64_t heads = t == 0 ? HQ : HK, seq = t == 0 ? SQ : SK, blocks = (seq + 127) / 128;
         desc[t] = (float *)tu_alloc(sizeof(float) * B * HK);
         for (int64_t i = 0; i < B * HK; i++) desc[t][i] = c.descales ? (float)(0.5 + 1.5 * tu_uniform()) : 1.f;
+        nb[t] = B * heads * blocks;
+        bdesc[t] = (float *)tu_alloc(sizeof(float) * nb[t]);
+        for (int64_t i = 0; i < nb[t]; i++) bdesc[t][i] = c.blocks ? (float)exp2(6 * tu_uniform() - 3) : 1.f;
         h8[t] = (uint8_t *)tu_alloc((size_t)n[t]);
-        const int64_t heads = t == 0 ? HQ : HK, seq = t == 0 ? SQ : SK;
         for (int64_t i = 0; i < n[t]; i++) {
-            const int64_t h = (i / D) % heads, b = i / (D * heads * seq), hk = t == 0 ? h / (HQ / HK) : h;
-            float x = (float)tu_normal();
+            const int64_t h = (i / D) % heads, j = (i / (D * heads)) % seq, b = i / (D * heads * seq);
+            const int64_t hk = t == 0 ? h / (HQ / HK) : h;
+            const float block = bdesc[t][(b * heads + h) * blocks + j / 128];
+            float x = (float)tu_normal() * block;
             if (c.outlier > 0 && t < 2 && tu_uniform() < 1e-3) x *= c.outlier;
-            h8[t][i] = fa3c_float_to_e4m3(x / desc[t][b * HK + hk]);
+            h8[t][i] = fa3c_float_to_e4m3(x / (desc[t][b * HK + hk] * block));
         }
     }
     // The dequantized values, as the reference sees them.
     float *f[3];
     for (int t = 0; t < 3; t++) {
         f[t] = (float *)tu_alloc(sizeof(float) * n[t]);
-        const int64_t heads = t == 0 ? HQ : HK, seq = t == 0 ? SQ : SK;
+        const int64_t heads = t == 0 ? HQ : HK, seq = t == 0 ? SQ : SK, blocks = (seq + 127) / 128;
         for (int64_t i = 0; i < n[t]; i++) {
-            const int64_t h = (i / D) % heads, b = i / (D * heads * seq), hk = t == 0 ? h / (HQ / HK) : h;
-            f[t][i] = fa3c_e4m3_to_float(h8[t][i]) * desc[t][b * HK + hk];
+            const int64_t h = (i / D) % heads, j = (i / (D * heads)) % seq, b = i / (D * heads * seq);
+            const int64_t hk = t == 0 ? h / (HQ / HK) : h;
+            f[t][i] = fa3c_e4m3_to_float(h8[t][i]) * desc[t][b * HK + hk] * bdesc[t][(b * heads + h) * blocks + j / 128];
         }
     }
     float *ref = (float *)tu_alloc(sizeof(float) * nq), *ref_lse = (float *)tu_alloc(sizeof(float) * nlse);
@@ -159,10 +169,11 @@ static void run_case(const char *label, fp8_case c) {
     fp8_naive(&c, &p.problem, f[0], f[1], f[2], naive);
 
     // The GPU, twice, into poisoned output between guards.
-    void *d8[3], *ddesc[3];
+    void *d8[3], *ddesc[3], *dbdesc[3];
     for (int t = 0; t < 3; t++) {
         d8[t] = to_device(h8[t], (size_t)n[t]);
         ddesc[t] = to_device(desc[t], sizeof(float) * B * HK);
+        dbdesc[t] = to_device(bdesc[t], sizeof(float) * nb[t]);
     }
     const int64_t guard = 4096;
     void *dout_alloc = NULL;
@@ -184,6 +195,11 @@ static void run_case(const char *label, fp8_case c) {
             g.q_descale = (const float *)ddesc[0];
             g.k_descale = (const float *)ddesc[1];
             g.v_descale = (const float *)ddesc[2];
+        }
+        if (c.blocks) {
+            g.q_block_descale = (const float *)dbdesc[0];
+            g.k_block_descale = (const float *)dbdesc[1];
+            g.v_block_descale = (const float *)dbdesc[2];
         }
         g.backend = FA3C_BACKEND_CUDA;
         fa3c_status st = fa3c_fwd(&g, NULL);
@@ -230,7 +246,9 @@ static void run_case(const char *label, fp8_case c) {
     for (int t = 0; t < 3; t++) {
         cudaFree(d8[t]);
         cudaFree(ddesc[t]);
+        cudaFree(dbdesc[t]);
         free(desc[t]);
+        free(bdesc[t]);
         free(h8[t]);
         free(f[t]);
     }
@@ -328,6 +346,28 @@ TEST(fp8_fwd_gqa_softcap_logits) {
     run_case("no descales", c);
 }
 
+// Descales per block of 128 rows (q_block_descale, k_, v_), each block's
+// values that much larger or smaller: a score scale per key block, O kept
+// in the current V block's unit (fp8_v_ratio).
+TEST(fp8_fwd_block_descales) {
+    REQUIRE_CUDA_FP8();
+    fp8_case c = fcase(2, 400, 520, 4, 2, 128);
+    c.blocks = 1;
+    run_case("blocks hdim 128 GQA", c);
+    c.causal = 1;
+    run_case("blocks causal", c);
+    c = fcase(1, 300, 300, 2, 2, 256);
+    c.blocks = 1;
+    c.window_left = 150;
+    c.window_right = 40;
+    run_case("blocks hdim 256 window", c);
+    c = fcase(1, 256, 384, 2, 2, 128);
+    c.blocks = 1;
+    c.softcap = 5.f;
+    c.descales = 0;
+    run_case("blocks softcap, no head descales", c);
+}
+
 // Small shapes for compute-sanitizer (tools/gpu_bwd_fp8.sh): ragged blocks,
 // causal GQA, both head dims.
 TEST(fp8_fwd_small) {
@@ -336,6 +376,9 @@ TEST(fp8_fwd_small) {
     c.causal = 1;
     run_case("small causal GQA", c);
     run_case("small hdim 256", fcase(1, 40, 33, 2, 2, 256));
+    c = fcase(1, 200, 150, 2, 1, 128);
+    c.blocks = 1;
+    run_case("small blocks", c);
 }
 
 TEST_MAIN()

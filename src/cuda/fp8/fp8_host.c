@@ -14,6 +14,10 @@
 #include "built_instances.h"
 #include "tensor_map.h"
 
+/* The kernel reads one block descale per query tile and per key block. */
+_Static_assert(FA3C_FP8_BLOCK_M == FA3C_FP8_BLOCK_ROWS && FA3C_FP8_BLOCK_N == FA3C_FP8_BLOCK_ROWS,
+               "the e4m3 kernel's tiles must be the descale blocks");
+
 #ifndef FA3C_CUDA_FP8
 #define FA3C_CUDA_FP8 0
 #endif
@@ -109,6 +113,9 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
     k.q_descale = p->q_descale;
     k.k_descale = p->k_descale;
     k.v_descale = p->v_descale;
+    k.q_block_descale = p->q_block_descale;
+    k.k_block_descale = p->k_block_descale;
+    k.v_block_descale = p->v_block_descale;
     k.batch = pr->batch;
     k.seqlen_q = pr->seqlen_q;
     k.seqlen_k = pr->seqlen_k;

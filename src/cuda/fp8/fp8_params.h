@@ -69,6 +69,10 @@ typedef struct fa3c_fp8_kernel_params {
     int64_t out_stride[3];
     float *lse;                      /* NULL = not written; (batch, heads_q, seqlen_q), natural log */
     const float *q_descale, *k_descale, *v_descale;   /* (batch, heads_kv); NULL = 1 */
+    /* Per block of FA3C_FP8_BLOCK_ROWS rows, times the above: q (batch,
+     * heads_q, ceil(seqlen_q / 128)), k and v (batch, heads_kv, ceil(seqlen_k
+     * / 128)); NULL = 1. A query tile and a key block are one such block. */
+    const float *q_block_descale, *k_block_descale, *v_block_descale;
     int batch, seqlen_q, seqlen_k, heads_q, heads_kv, group;
     float softmax_scale;
     float softcap;                   /* 0 = off */

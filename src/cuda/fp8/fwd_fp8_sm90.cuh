@@ -1,5 +1,5 @@
 // The fp8 (e4m3) forward kernel for sm_90a, head dims 128 and 256: q, k, v
-// in e4m3 with per-(batch, K/V head) descales, O in bf16, LSE in float32.
+// in e4m3 with per-(batch, K/V head) descales and optional per-block ones, O in bf16, LSE in float32.
 //
 // One CTA computes 128 query rows of one (batch, head) against every key
 // block its mask lets through:
@@ -282,6 +282,29 @@ FA3C_DEVICE void fp8_rescale_o(float *o, const float rescale[2]) {
 
 // ---- consumer ----------------------------------------------------------------------
 
+// The score scales of key block n: s = q·k · descales · scale, with softcap
+// softcap · tanh(that / softcap), then log2 units. k_blocks: the head's
+// per-block K descales (NULL = 1).
+typedef struct {
+    float score_log2, softcap_pre;
+} Fp8ScoreScale;
+
+FA3C_DEVICE Fp8ScoreScale fp8_score_scale(const fa3c_fp8_kernel_params &p, float qk_scale, const float *k_blocks, int n) {
+    const float qk = k_blocks ? qk_scale * k_blocks[n] : qk_scale;
+    return Fp8ScoreScale{(p.softcap != 0.f ? 1.f : qk) * 1.4426950408889634f, p.softcap != 0.f ? qk / p.softcap : 0.f};
+}
+
+// O is kept in units of the current key block's V descale (v_blocks[n]; a
+// scale cannot join P, whose e4m3 range it would leave): moving to block n
+// multiplies O by the old block's over the new one's, folded into the
+// online softmax's rescale. 1 without per-block V descales.
+FA3C_DEVICE float fp8_v_ratio(const float *v_blocks, int n, float &v_block) {
+    if (!v_blocks) return 1.f;
+    const float next = v_blocks[n], ratio = v_block / next;
+    v_block = next;
+    return ratio;
+}
+
 template <int D>
 FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, int m0, int head, int batch, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
@@ -289,13 +312,16 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     const int head_kv = head / p.group, dq = batch * p.heads_kv + head_kv;
     const float q_descale = p.q_descale ? p.q_descale[dq] : 1.f, k_descale = p.k_descale ? p.k_descale[dq] : 1.f;
     const float v_descale = p.v_descale ? p.v_descale[dq] : 1.f;
-    // s = q·k · descales · scale (with softcap: softcap · tanh(that / softcap), then natural units).
-    const float qk_scale = q_descale * k_descale * p.softmax_scale;
-    const float score_log2 = (p.softcap != 0.f ? 1.f : qk_scale) * 1.4426950408889634f;
-    const float softcap_pre = p.softcap != 0.f ? qk_scale / p.softcap : 0.f;
+    // Per-block descales: the query tile is one block, each key block one (fp8_host.c checks the sizes agree).
+    const int64_t q_blocks = (p.seqlen_q + FP8_M - 1) / FP8_M, k_blocks_per_head = (p.seqlen_k + FP8_N - 1) / FP8_N;
+    const float q_block = p.q_block_descale ? p.q_block_descale[((int64_t)batch * p.heads_q + head) * q_blocks + m0 / FP8_M] : 1.f;
+    const float *k_blocks = p.k_block_descale ? p.k_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
+    const float *v_blocks = p.v_block_descale ? p.v_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
+    const float qk_scale = q_descale * q_block * k_descale * p.softmax_scale;
     int n_begin, n_end, u_begin = 0, u_end = 0;
     fp8_key_blocks(p, m0, n_begin, n_end);
     if (FA3C_FP8_UNMASKED_BLOCKS) fp8_unmasked_blocks(p, m0, u_begin, u_end);
+    float v_block = v_blocks && n_begin < n_end ? v_blocks[n_begin] : 1.f;   // O's unit (fp8_v_ratio)
 
     float o[D / 2];
 #pragma unroll
@@ -312,9 +338,12 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             wgmma_commit();
             wgmma_wait<0>();
             fp8_fence_regs<FP8_N / 2>(sc);
-            fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n, u_begin, u_end);
+            const Fp8ScoreScale sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n);
+            fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n, u_begin, u_end);
+            const float v_ratio = fp8_v_ratio(v_blocks, n, v_block);
 #pragma unroll
-            for (int r = 0; r < 2; r++) fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r, score_log2));
+            for (int r = 0; r < 2; r++)
+                fp8_rescale_o_row<D>(o, r, fp8_softmax_row(sc, st, r, sc_scale.score_log2) * v_ratio);
             uint32_t p_frag[FP8_N / 32][4];
             fp8_probs_to_fragments(sc, p_frag);
             fp8_pv_and_release<D>(o, p_frag, sm.vt[s], &sm.kv_empty[s]);
@@ -336,9 +365,10 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
         wgmma_commit();
         wgmma_wait<0>();
         fp8_fence_regs<FP8_N / 2>(sc);
-        fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin, u_begin, u_end);
-        fp8_softmax_row(sc, st, 0, score_log2);   // O is 0: nothing to rescale
-        fp8_softmax_row(sc, st, 1, score_log2);
+        Fp8ScoreScale sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n_begin);
+        fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n_begin, u_begin, u_end);
+        fp8_softmax_row(sc, st, 0, sc_scale.score_log2);   // O is 0: nothing to rescale
+        fp8_softmax_row(sc, st, 1, sc_scale.score_log2);
         fp8_probs_to_fragments(sc, p_frag);
         for (int it = 1; it <= last; it++) {
             const int s = it % FA3C_FP8_STAGES(D), prev = (it - 1) % FA3C_FP8_STAGES(D);
@@ -352,9 +382,11 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             if (!(wg == 1 && it == last)) named_bar_arrive(BAR_FP8_TURN_WG0 + (1 - wg), 256);
             wgmma_wait<1>();   // S(n); P·V(n-1) may still run
             fp8_fence_regs<FP8_N / 2>(sc);
-            fp8_block_scores(sc, p, score_log2, softcap_pre, row0, n_begin + it, u_begin, u_end);
-            rescale[0] = fp8_softmax_row(sc, st, 0, score_log2);
-            rescale[1] = fp8_softmax_row(sc, st, 1, score_log2);
+            sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n_begin + it);
+            fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n_begin + it, u_begin, u_end);
+            const float v_ratio = fp8_v_ratio(v_blocks, n_begin + it, v_block);
+            rescale[0] = fp8_softmax_row(sc, st, 0, sc_scale.score_log2) * v_ratio;
+            rescale[1] = fp8_softmax_row(sc, st, 1, sc_scale.score_log2) * v_ratio;
             wgmma_wait<0>();   // P·V(n-1): its slot is free, O may be rescaled, P(n-1)'s registers reused
             fp8_fence_regs<D / 2>(o);
             __syncwarp();
@@ -366,14 +398,15 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
         fp8_pv_and_release<D>(o, p_frag, sm.vt[s], &sm.kv_empty[s]);
     }
 
-    // O / sum · v_descale in bf16, and the LSE; rows past the end are not written.
+    // O / sum · v_descale (and the last key block's, O's unit) in bf16, and
+    // the LSE; rows past the end are not written.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = st.sum[r];
         sum += __shfl_xor_sync(~0u, sum, 1);
         sum += __shfl_xor_sync(~0u, sum, 2);
         const int row = row0 + 8 * r;
-        const float scale = sum > 0.f ? v_descale / sum : 0.f;
+        const float scale = sum > 0.f ? v_descale * v_block / sum : 0.f;
         if (row < p.seqlen_q) {
             uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + (int64_t)row * p.out_stride[1] +
                             head * p.out_stride[2] + 2 * t;

@@ -1,9 +1,10 @@
 // fa3c_quantize_fp8's kernels (src/api.c validates): two passes over x, one
-// warp per row. The first finds each block's (batch, group of heads) largest
-// |value| after the optional rotation and folds it into a scratch word with
-// an atomic max (a non-negative float's bits order as integers, and NaN's are
-// above inf's, so NaN wins); the second divides by descale = amax / 448 and
-// rounds to e4m3, and one thread per block writes the descale. The rotation
+// warp per row. The first finds each block's (batch, group of heads, and with
+// block_rows block of rows) largest |value| after the optional rotation and
+// folds it into a scratch word with an atomic max (a non-negative float's
+// bits order as integers, and NaN's are above inf's, so NaN wins); the second
+// divides by descale = amax / 448 and rounds to e4m3, and the CTAs of the
+// first chunk write the descales. The rotation
 // is fa3c_hadamard_rotate_f32's: signs, butterflies h = 1, 2, 4, ... with
 // (a + b, a - b), then the norm, so every value takes the CPU's operations
 // in the CPU's order and the result is the CPU backend's, bit for bit.
@@ -25,6 +26,7 @@ struct QuantArgs {
     const float *signs;   // NULL: all +1
     int64_t x_stride[3], out_stride[3];
     int batch, seqlen, heads, headdim, group, blocks, dtype, hadamard;
+    int block_rows, row_blocks;   // rows per descale (seqlen without block_rows) and blocks of them per group
     int vec;              // 1: 16-bit x and both tensors 16-byte aligned with strides to match: a lane's
                           // K contiguous values (the rotation's layout) load and store as vectors
     float norm;           // 1 / sqrt(headdim), rounded as on the host
@@ -126,13 +128,31 @@ __device__ __forceinline__ int column(const QuantArgs &a, int k) {
     return a.hadamard ? lane * K + k : lane + 32 * k;
 }
 
+// The descale of row r (of a group's group * seqlen rows) of block blk.
+__device__ __forceinline__ int descale_index(const QuantArgs &a, int blk, int r) {
+    return blk * a.row_blocks + (r % a.seqlen) / a.block_rows;
+}
+
+// The warp's largest |value| into the scratch word of descale d.
+__device__ __forceinline__ void fold_amax(const QuantArgs &a, int d, float amax) {
+    // fabsf leaves no sign bit, so the bits order as the values (NaN above inf).
+    for (int o = 16; o > 0; o >>= 1) amax = __uint_as_float(max(__float_as_uint(amax), __float_as_uint(__shfl_xor_sync(0xffffffffu, amax, o))));
+    if (threadIdx.x % 32 == 0) atomicMax(&a.amax[d], __float_as_uint(amax));
+}
+
 template <int K>
 __global__ void quantize_amax_kernel(const QuantArgs a) {
     const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
     const int warp = threadIdx.x / 32;
     float amax = 0.f;
+    int d = -1;   // the descale the warp's amax is for; it changes at most at a block of rows' end
     for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
          r += QUANT_WARPS) {
+        const int dr = descale_index(a, blk, r);
+        if (dr != d) {
+            if (d >= 0) fold_amax(a, d, amax);
+            d = dr, amax = 0.f;
+        }
         float v[K];
         int64_t off;
         const int n = load_row<K>(a, b, g, r, v, &off);
@@ -142,20 +162,21 @@ __global__ void quantize_amax_kernel(const QuantArgs a) {
             if (k < n && (m > amax || isnan(m))) amax = isnan(amax) ? amax : m;
         }
     }
-    // fabsf leaves no sign bit, so the bits order as the values (NaN above inf).
-    for (int o = 16; o > 0; o >>= 1) amax = __uint_as_float(max(__float_as_uint(amax), __float_as_uint(__shfl_xor_sync(0xffffffffu, amax, o))));
-    if (threadIdx.x % 32 == 0) atomicMax(&a.amax[blk], __float_as_uint(amax));
+    if (d >= 0) fold_amax(a, d, amax);
 }
+
+__device__ __forceinline__ float descale_of(float amax) { return amax == 0.f ? 1.f : amax / 448.f; }
 
 template <int K>
 __global__ void quantize_write_kernel(const QuantArgs a) {
     const int blk = blockIdx.x, b = blk / a.blocks, g = blk % a.blocks, rows = a.group * a.seqlen;
-    const float amax = __uint_as_float(a.amax[blk]);
-    const float descale = amax == 0.f ? 1.f : amax / 448.f;
-    if (blockIdx.y == 0 && threadIdx.x == 0) a.descale[blk] = descale;
+    if (blockIdx.y == 0)
+        for (int i = threadIdx.x; i < a.row_blocks; i += blockDim.x)
+            a.descale[blk * a.row_blocks + i] = descale_of(__uint_as_float(a.amax[blk * a.row_blocks + i]));
     const int warp = threadIdx.x / 32;
     for (int r = blockIdx.y * QUANT_ROWS_PER_CTA + warp; r < min(rows, (int)(blockIdx.y + 1) * QUANT_ROWS_PER_CTA);
          r += QUANT_WARPS) {
+        const float descale = descale_of(__uint_as_float(a.amax[descale_index(a, blk, r)]));
         float v[K];
         int64_t off;
         const int n = load_row<K>(a, b, g, r, v, &off);
@@ -198,18 +219,20 @@ extern "C" fa3c_status fa3c_cuda_quantize_fp8(const fa3c_quantize_params *p, voi
     a.vec = p->dtype != FA3C_DTYPE_FP32 && (uintptr_t)p->x.data % 16 == 0 && (uintptr_t)p->out.data % 16 == 0;
     for (int i = 0; i < 3; i++) a.vec = a.vec && p->x.stride[i] % 8 == 0 && p->out.stride[i] % 16 == 0;
     a.norm = (float)(1.0 / sqrt((double)p->headdim));
+    a.block_rows = p->block_rows ? p->block_rows : p->seqlen;
+    a.row_blocks = (p->seqlen + a.block_rows - 1) / a.block_rows;
     const int64_t blocks = (int64_t)p->batch * a.blocks, rows = (int64_t)a.group * p->seqlen;
-    const int64_t chunks = (rows + QUANT_ROWS_PER_CTA - 1) / QUANT_ROWS_PER_CTA;
-    if (blocks > INT32_MAX || chunks > 65535)
+    const int64_t chunks = (rows + QUANT_ROWS_PER_CTA - 1) / QUANT_ROWS_PER_CTA, descales = blocks * a.row_blocks;
+    if (descales > INT32_MAX || chunks > 65535)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "quantize: %lld blocks of %lld rows are more than one launch takes",
-                          (long long)blocks, (long long)rows);
+                          (long long)descales, (long long)rows);
     cudaStream_t st = (cudaStream_t)stream;
-    cudaError_t e = cudaMallocAsync((void **)&a.amax, (size_t)blocks * 4, st);
+    cudaError_t e = cudaMallocAsync((void **)&a.amax, (size_t)descales * 4, st);
     if (e != cudaSuccess)
-        return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "quantize: %lld bytes of scratch: %s", (long long)blocks * 4,
+        return fa3c_error(FA3C_STATUS_OUT_OF_MEMORY, "quantize: %lld bytes of scratch: %s", (long long)descales * 4,
                           cudaGetErrorString(e));
     const dim3 grid((unsigned)blocks, (unsigned)chunks);
-    cudaMemsetAsync(a.amax, 0, (size_t)blocks * 4, st);
+    cudaMemsetAsync(a.amax, 0, (size_t)descales * 4, st);
     // Values per lane: headdim / 32 with the rotation (a power of two <= 256), else
     // ceil(headdim / 32) (headdim <= 512) rounded up to a power of two.
     const int per = (p->headdim + 31) / 32;
