@@ -169,8 +169,7 @@ typedef struct fa3c_fwd_params {
      * block is its position in its sequence / 128: query i's is i / 128, key
      * j's is (leftpad_k + j) / 128, the key's row in its sequence's cache
      * (contiguous, packed or paged alike). fa3c_quantize_fp8 writes them
-     * (block_rows = FA3C_FP8_BLOCK_ROWS, group 1). CPU backends only: the
-     * CUDA backend returns NOT_SUPPORTED for now. */
+     * (block_rows = FA3C_FP8_BLOCK_ROWS, group 1). Both backends. */
     const float *q_block_descale, *k_block_descale, *v_block_descale;
 } fa3c_fwd_params;
 
@@ -331,8 +330,7 @@ typedef struct fa3c_quantize_params {
     /* 0: one descale per (batch, group) over all rows, as above.
      * FA3C_FP8_BLOCK_ROWS: one per (batch, group, block of 128 rows): descale
      * is then (batch, heads / group, ceil(seqlen / 128)), contiguous, the
-     * forward's q_block_descale (group 1) or k_ / v_block_descale. CPU
-     * backends only for now (CUDA: NOT_SUPPORTED). */
+     * forward's q_block_descale (group 1) or k_ / v_block_descale. */
     int block_rows;
 } fa3c_quantize_params;
 
