@@ -305,7 +305,9 @@ FA3C_DEVICE float fp8_v_ratio(const float *v_blocks, int n, float &v_block) {
     return ratio;
 }
 
-template <int D>
+// BLOCK_SCALES: the call has per-block K or V descales (a separate instance,
+// so that calls without them run the loop with its scales constant).
+template <int D, bool BLOCK_SCALES>
 FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, int m0, int head, int batch, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
     const int row0 = m0 + wg * 64 + warp * 16 + lane / 4;   // this thread's query rows: row0, row0 + 8
@@ -315,8 +317,8 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     // Per-block descales: the query tile is one block, each key block one (fp8_host.c checks the sizes agree).
     const int64_t q_blocks = (p.seqlen_q + FP8_M - 1) / FP8_M, k_blocks_per_head = (p.seqlen_k + FP8_N - 1) / FP8_N;
     const float q_block = p.q_block_descale ? p.q_block_descale[((int64_t)batch * p.heads_q + head) * q_blocks + m0 / FP8_M] : 1.f;
-    const float *k_blocks = p.k_block_descale ? p.k_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
-    const float *v_blocks = p.v_block_descale ? p.v_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
+    const float *k_blocks = BLOCK_SCALES && p.k_block_descale ? p.k_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
+    const float *v_blocks = BLOCK_SCALES && p.v_block_descale ? p.v_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
     const float qk_scale = q_descale * q_block * k_descale * p.softmax_scale;
     int n_begin, n_end, u_begin = 0, u_end = 0;
     fp8_key_blocks(p, m0, n_begin, n_end);
@@ -450,7 +452,10 @@ __global__ void __launch_bounds__(FA3C_FP8_THREADS, 1) fwd_fp8_kernel(const __gr
         if (threadIdx.x == 0) fp8_producer<D>(p, sm, m0, head, batch);
     } else {
         reg_alloc<FA3C_FP8_CONSUMER_REGS>();
-        fp8_consumer<D>(p, sm, m0, head, batch, warpgroup - 1);
+        if (p.k_block_descale || p.v_block_descale)
+            fp8_consumer<D, true>(p, sm, m0, head, batch, warpgroup - 1);
+        else
+            fp8_consumer<D, false>(p, sm, m0, head, batch, warpgroup - 1);
     }
 }
 
