@@ -23,17 +23,22 @@ _Static_assert(FA3C_FP8_BLOCK_M == FA3C_FP8_BLOCK_ROWS && FA3C_FP8_BLOCK_N == FA
 #endif
 
 /* The instances this build compiled (built_instances.h, from sources.cmake). */
-#define FA3C_DECLARE_FP8(name, hdim) \
+#define FA3C_DECLARE_FP8(name, hdim, block_scales) \
     fa3c_status fa3c_fwd_sm90_##name(const fa3c_fp8_kernel_params *p, void *stream);
 FA3C_BUILT_FP8_INSTANCES(FA3C_DECLARE_FP8)
 #undef FA3C_DECLARE_FP8
 
-static fa3c_fp8_launcher find_fp8(int headdim) {
-#define FA3C_FP8_CASE(name, hdim) \
-    if (headdim == hdim) return fa3c_fwd_sm90_##name;
+/* Per-block K or V descales take an instance of their own (a per-key-block
+ * scale in the loop); q's block descale is one per CTA, read by both. */
+static int fp8_block_scales(const fa3c_fwd_params *p) { return p->k_block_descale || p->v_block_descale; }
+
+/* block_scales: fp8_block_scales of the call. */
+static fa3c_fp8_launcher find_fp8(int headdim, int block_scales) {
+#define FA3C_FP8_CASE(name, hdim, blocks) \
+    if (headdim == hdim && block_scales == blocks) return fa3c_fwd_sm90_##name;
     FA3C_BUILT_FP8_INSTANCES(FA3C_FP8_CASE)
 #undef FA3C_FP8_CASE
-    (void)headdim;
+    (void)headdim, (void)block_scales;
     return NULL;
 }
 
@@ -46,7 +51,7 @@ fa3c_status fa3c_cuda_fwd_fp8_supported(const fa3c_fwd_params *p) {
     if (!FA3C_FP8_HEADDIM_OK(pr->headdim))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: e4m3 with headdim %d is not supported yet (128, 256)",
                           pr->headdim);
-    if (!find_fp8(pr->headdim))
+    if (!find_fp8(pr->headdim, fp8_block_scales(p)))
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: no e4m3 kernel for headdim %d in this build (see "
                           "FA3C_INSTANCES)", pr->headdim);
     if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k || pr->page_table)
@@ -128,7 +133,7 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
     k.window_right = fa3c_window_right(pr);
 
     s = fa3c_fp8_transpose_v(&t, stream);
-    if (s == FA3C_STATUS_OK) s = find_fp8(d)(&k, stream);
+    if (s == FA3C_STATUS_OK) s = find_fp8(d, fp8_block_scales(p))(&k, stream);
     cudaFreeAsync(vt, (cudaStream_t)stream);
     return s;
 }

@@ -282,16 +282,24 @@ FA3C_DEVICE void fp8_rescale_o(float *o, const float rescale[2]) {
 
 // ---- consumer ----------------------------------------------------------------------
 
-// The score scales of key block n: s = q·k · descales · scale, with softcap
-// softcap · tanh(that / softcap), then log2 units. k_blocks: the head's
-// per-block K descales (NULL = 1).
+// The score scales: s = q·k · descales · scale, with softcap softcap ·
+// tanh(that / softcap), then log2 units. fp8_head_score_scale: those of the
+// CTA's head and query block; fp8_score_scale: key block n's, times its
+// per-block K descale (k_blocks; NULL: none, the head's scales unchanged).
 typedef struct {
     float score_log2, softcap_pre;
 } Fp8ScoreScale;
 
-FA3C_DEVICE Fp8ScoreScale fp8_score_scale(const fa3c_fp8_kernel_params &p, float qk_scale, const float *k_blocks, int n) {
-    const float qk = k_blocks ? qk_scale * k_blocks[n] : qk_scale;
-    return Fp8ScoreScale{(p.softcap != 0.f ? 1.f : qk) * 1.4426950408889634f, p.softcap != 0.f ? qk / p.softcap : 0.f};
+FA3C_DEVICE Fp8ScoreScale fp8_head_score_scale(const fa3c_fp8_kernel_params &p, float qk_scale) {
+    return Fp8ScoreScale{(p.softcap != 0.f ? 1.f : qk_scale) * 1.4426950408889634f,
+                         p.softcap != 0.f ? qk_scale / p.softcap : 0.f};
+}
+
+FA3C_DEVICE Fp8ScoreScale fp8_score_scale(const fa3c_fp8_kernel_params &p, Fp8ScoreScale head, const float *k_blocks,
+                                          int n) {
+    if (!k_blocks) return head;
+    const float kb = k_blocks[n];
+    return Fp8ScoreScale{p.softcap != 0.f ? head.score_log2 : head.score_log2 * kb, head.softcap_pre * kb};
 }
 
 // O is kept in units of the current key block's V descale (v_blocks[n]; a
@@ -305,8 +313,8 @@ FA3C_DEVICE float fp8_v_ratio(const float *v_blocks, int n, float &v_block) {
     return ratio;
 }
 
-// BLOCK_SCALES: the call has per-block K or V descales (a separate instance,
-// so that calls without them run the loop with its scales constant).
+// BLOCK_SCALES: the instance for calls with per-block K or V descales
+// (fp8_host.c picks it); the other runs the loop with its scales constant.
 template <int D, bool BLOCK_SCALES>
 FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, int m0, int head, int batch, int wg) {
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
@@ -319,7 +327,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     const float q_block = p.q_block_descale ? p.q_block_descale[((int64_t)batch * p.heads_q + head) * q_blocks + m0 / FP8_M] : 1.f;
     const float *k_blocks = BLOCK_SCALES && p.k_block_descale ? p.k_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
     const float *v_blocks = BLOCK_SCALES && p.v_block_descale ? p.v_block_descale + (int64_t)dq * k_blocks_per_head : NULL;
-    const float qk_scale = q_descale * q_block * k_descale * p.softmax_scale;
+    const Fp8ScoreScale head_scale = fp8_head_score_scale(p, q_descale * q_block * k_descale * p.softmax_scale);
     int n_begin, n_end, u_begin = 0, u_end = 0;
     fp8_key_blocks(p, m0, n_begin, n_end);
     if (FA3C_FP8_UNMASKED_BLOCKS) fp8_unmasked_blocks(p, m0, u_begin, u_end);
@@ -340,7 +348,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             wgmma_commit();
             wgmma_wait<0>();
             fp8_fence_regs<FP8_N / 2>(sc);
-            const Fp8ScoreScale sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n);
+            const Fp8ScoreScale sc_scale = fp8_score_scale(p, head_scale, k_blocks, n);
             fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n, u_begin, u_end);
             const float v_ratio = fp8_v_ratio(v_blocks, n, v_block);
 #pragma unroll
@@ -367,7 +375,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
         wgmma_commit();
         wgmma_wait<0>();
         fp8_fence_regs<FP8_N / 2>(sc);
-        Fp8ScoreScale sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n_begin);
+        Fp8ScoreScale sc_scale = fp8_score_scale(p, head_scale, k_blocks, n_begin);
         fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n_begin, u_begin, u_end);
         fp8_softmax_row(sc, st, 0, sc_scale.score_log2);   // O is 0: nothing to rescale
         fp8_softmax_row(sc, st, 1, sc_scale.score_log2);
@@ -384,7 +392,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             if (!(wg == 1 && it == last)) named_bar_arrive(BAR_FP8_TURN_WG0 + (1 - wg), 256);
             wgmma_wait<1>();   // S(n); P·V(n-1) may still run
             fp8_fence_regs<FP8_N / 2>(sc);
-            sc_scale = fp8_score_scale(p, qk_scale, k_blocks, n_begin + it);
+            sc_scale = fp8_score_scale(p, head_scale, k_blocks, n_begin + it);
             fp8_block_scores(sc, p, sc_scale.score_log2, sc_scale.softcap_pre, row0, n_begin + it, u_begin, u_end);
             const float v_ratio = fp8_v_ratio(v_blocks, n_begin + it, v_block);
             rescale[0] = fp8_softmax_row(sc, st, 0, sc_scale.score_log2) * v_ratio;
@@ -427,7 +435,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
 // ---- the kernel --------------------------------------------------------------------
 
 // Grid: (query blocks of 128, heads_q, batch).
-template <int D>
+template <int D, bool BLOCK_SCALES>
 __global__ void __launch_bounds__(FA3C_FP8_THREADS, 1) fwd_fp8_kernel(const __grid_constant__ fa3c_fp8_kernel_params p) {
     static_assert(FA3C_FP8_HEADDIM_OK(D), "fp8 head dims: 128 and 256");
     static_assert(128 * FA3C_FP8_PRODUCER_REGS + 256 * FA3C_FP8_CONSUMER_REGS <= 65536, "setmaxnreg budgets");
@@ -452,10 +460,7 @@ __global__ void __launch_bounds__(FA3C_FP8_THREADS, 1) fwd_fp8_kernel(const __gr
         if (threadIdx.x == 0) fp8_producer<D>(p, sm, m0, head, batch);
     } else {
         reg_alloc<FA3C_FP8_CONSUMER_REGS>();
-        if (p.k_block_descale || p.v_block_descale)
-            fp8_consumer<D, true>(p, sm, m0, head, batch, warpgroup - 1);
-        else
-            fp8_consumer<D, false>(p, sm, m0, head, batch, warpgroup - 1);
+        fp8_consumer<D, BLOCK_SCALES>(p, sm, m0, head, batch, warpgroup - 1);
     }
 }
 
