@@ -665,7 +665,7 @@ TEST(backend_enum) {
     p = f.fwd; p.backend = FA3C_BACKEND_CPU_REFERENCE; FWD_OK(p);
     p = f.fwd; p.backend = FA3C_BACKEND_CUDA;
     if (fa3c_cuda_available())
-        FWD_FAIL(f, p, INVALID, "q.data is host memory; the CUDA backend needs device memory");
+        FWD_FAIL(f, p, INVALID, "q is host memory; the CUDA backend needs device memory");
     else
         FWD_FAIL(f, p, FA3C_STATUS_NO_DEVICE, "backend: CUDA");
 
