@@ -57,14 +57,14 @@ stage ptxas ptxas_clean
 # The backward's knobs (bwd_tiles.h) set to their other forms (hdim 64 in
 # 64-row blocks, dQ added by the consumers, no first writes of dQ, hdim 128's
 # calls all in 80-row blocks, hdim 128's steps no mask cuts without its compares, LSE loads ahead; and
-# the e4m3 forward's blocks without a mask, softcap loop, fused scale and lazy rescale, whose hdim-128 instance this build
-# compiles too), kept for A/Bs:
+# the e4m3 forward with every block masked, softcap inline, the scale applied per score and O always rescaled, whose
+# hdim-128 instances this build compiles too), kept for A/Bs:
 # their kernels must still compile clean, and the index math the CPU checks (cpu_kernel_math,
 # bwd_refs_on_cpu) must hold. CUDA builds only.
 knob_build() {
     local f="-DFA3C_BWD_HDIM64_BLOCK_M=64 -DFA3C_BWD_DQ_WRITER=0 -DFA3C_BWD_DQ_FIRST_WRITE=0 -DFA3C_BWD_HDIM128_SHORT_M64=0"
-    f="$f -DFA3C_BWD_HDIM128_UNMASKED_STEPS=1 -DFA3C_BWD_LSE_PAIRS_AHEAD=4 -DFA3C_FP8_UNMASKED_BLOCKS=1"
-    f="$f -DFA3C_FP8_SOFTCAP_LOOP=1 -DFA3C_FP8_FUSED_SCALE=1 -DFA3C_FP8_LAZY_RESCALE=1"
+    f="$f -DFA3C_BWD_HDIM128_UNMASKED_STEPS=1 -DFA3C_BWD_LSE_PAIRS_AHEAD=4 -DFA3C_FP8_UNMASKED_BLOCKS=0"
+    f="$f -DFA3C_FP8_SOFTCAP_LOOP=0 -DFA3C_FP8_FUSED_SCALE=0 -DFA3C_FP8_LAZY_RESCALE=0"
     cmake -S . -B build-knobs -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim64;bf16_hdim128" \
         "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1
     cmake --build build-knobs -j "$(nproc)" --target fa3c cpu_kernel_math bwd_refs_on_cpu "${sync_output[@]}" \
@@ -77,12 +77,13 @@ knob_build() {
 # with the CUDA kernels' attention sinks compiled out (FA3C_CUDA_SINKS=0, on by default),
 # the CUDA quantization compiled out (FA3C_CUDA_QUANTIZE=0, on by default) and hdim 256's
 # backward in 64-key CTAs (FA3C_BWD_HDIM256_BLOCK_N=64; 80 by default), and the narrow
-# backward's dK / dV written from registers (FA3C_BWD_STAGED_EPILOGUE=0) and hdim 128's
-# 64-row query blocks (FA3C_BWD_HDIM128_BLOCK_M=64; 1 and 80 by default).
+# backward's dK / dV written from registers (FA3C_BWD_STAGED_EPILOGUE=0), hdim 128's
+# 64-row query blocks (FA3C_BWD_HDIM128_BLOCK_M=64; 1 and 80 by default) and hdim 64's dQ
+# through two writer buffers (FA3C_BWD_HDIM64_DQ_BUFFERS=2; 1 by default).
 knob_build_claim() {
     local f="-DFA3C_BWD_DQ_CLAIM_EARLY=0 -DFA3C_CUDA_SINKS=0 -DFA3C_CUDA_QUANTIZE=0 -DFA3C_BWD_HDIM256_BLOCK_N=64"
-    f="$f -DFA3C_BWD_STAGED_EPILOGUE=0 -DFA3C_BWD_HDIM128_BLOCK_M=64"
-    cmake -S . -B build-knobs-claim -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim128;bf16_hdim256" -DFA3C_BUILD_TESTS=OFF \
+    f="$f -DFA3C_BWD_STAGED_EPILOGUE=0 -DFA3C_BWD_HDIM128_BLOCK_M=64 -DFA3C_BWD_HDIM64_DQ_BUFFERS=2"
+    cmake -S . -B build-knobs-claim -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim64;bf16_hdim128;bf16_hdim256" -DFA3C_BUILD_TESTS=OFF \
         -DFA3C_BUILD_CLI=OFF "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1
     cmake --build build-knobs-claim -j "$(nproc)" --target fa3c "${sync_output[@]}" >build-knobs-claim/build.log 2>&1 ||
         { tail -30 build-knobs-claim/build.log; return 1; }

@@ -33,7 +33,7 @@ FA3C_DEVICE int claim_dq_tile(int *flag) {
 // deterministic = 1 adds in turn from the consumers instead.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = Smem::M, BYTES = M * D * 4 };
+    enum { M = Smem::M, BYTES = M * D * 4, BUFS = Smem::DQ_BUFS };
     if (p.dq_semaphore) return;
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     const int blocks = m_end - m_begin;
@@ -42,12 +42,13 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
         float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
         int *flag = p.dq_written ? p.dq_written + ((int64_t)batch * p.heads_q + head) * p.num_m_blocks + m : nullptr;
         const int claimed = FA3C_BWD_DQ_CLAIM_EARLY && flag ? claim_dq_tile(flag) : -1;
-        mbar_wait_parity(&sm.dq_full, it & 1);
+        const int b = it % BUFS;
+        mbar_wait_parity(&sm.dq_full[b], (it / BUFS) & 1);
         if (flag && (FA3C_BWD_DQ_CLAIM_EARLY ? claimed == 0 : atomicCAS(flag, 0, 1) == 0)) {
-            bulk_store(tile, sm.dq, BYTES);
+            bulk_store(tile, sm.dq[b], BYTES);
             tma_store_commit();
             tma_store_wait_read();
-            mbar_arrive(&sm.dq_empty);
+            mbar_arrive(&sm.dq_empty[b]);
             tma_store_wait_all();
             fence_proxy_async_global();
             st_release_gpu(flag, 2);
@@ -57,10 +58,10 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
             wait_counter_at_least(flag, 2);
             fence_proxy_async_global();
         }
-        bulk_reduce_add_f32(tile, sm.dq, BYTES);
+        bulk_reduce_add_f32(tile, sm.dq[b], BYTES);
         tma_store_commit();
         tma_store_wait_read();
-        mbar_arrive(&sm.dq_empty);
+        mbar_arrive(&sm.dq_empty[b]);
     }
     tma_store_wait_all();
 }

@@ -58,6 +58,10 @@ template <int D, int BM = FA3C_BWD_BLOCK_M(D)>
 struct BwdSmem {
     enum { M = BM, SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
     enum { DQ_TRANSPOSED = FA3C_BWD_DQ_TRANSPOSED(D), DQ_REGS = DQ_TRANSPOSED ? M / 2 : 32 };
+    // The writer's dQ buffers (FA3C_BWD_HDIM64_DQ_BUFFERS); with two, no
+    // slack to align the base (bwd_smem_bytes).
+    enum { DQ_BUFS = D == 64 && M == 128 && FA3C_BWD_WRITER_ON(D) ? FA3C_BWD_HDIM64_DQ_BUFFERS : 1 };
+    enum { SMEM_SLACK = DQ_BUFS == 2 ? 0 : 1024 };
     alignas(1024) uint8_t k[BWD_N * D * 2];
     alignas(1024) uint8_t v[BWD_N * D * 2];
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
@@ -73,8 +77,8 @@ struct BwdSmem {
     // FA3C_BWD_DQ_WRITER: the block's dQ in tile order for the writer's bulk
     // reduction, and its barriers (written / read). Last, so that the other
     // members' offsets do not depend on the knob.
-    uint64_t dq_full, dq_empty;
-    alignas(128) float dq[FA3C_BWD_WRITER_ON(D) ? M * D : 4];
+    uint64_t dq_full[DQ_BUFS], dq_empty[DQ_BUFS];
+    alignas(128) float dq[DQ_BUFS][FA3C_BWD_WRITER_ON(D) ? M * D : 4];
 };
 
 // ---- consumer GEMMs ----------------------------------------------------------------
@@ -522,9 +526,11 @@ FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, in
     // dQ added under dK's GEMM.
     if (p.dq_semaphore) {
         add_dq_in_turn<D, M>(p, dq, n_block, batch, head, m, rel_lo, wg);
-    } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
-        if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
-        put_dq_tiled<DQ_REGS>(sm.dq, &sm.dq_full, dq, wg);
+    } else if (FA3C_BWD_WRITER_ON(D)) {   // buffer b is free once the writer has read step it - DQ_BUFS's
+        enum { BUFS = BwdSmem<D, M>::DQ_BUFS };
+        const int b = it % BUFS;
+        if (it >= BUFS) mbar_wait_parity(&sm.dq_empty[b], (it / BUFS - 1) & 1);
+        put_dq_tiled<DQ_REGS>(sm.dq[b], &sm.dq_full[b], dq, wg);
     } else {
         add_dq_tiled<DQ_REGS>(bwd_dq_tile<D, M>(p, batch, head, m), dq, bwd_dq_key_split(D, M) ? 0 : wg);
     }
@@ -613,17 +619,19 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     static_assert(D == 64 || D == 128, "this kernel: head dims 64 and 128 (96 on 128's)");
     static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
                   "setmaxnreg budgets past the register file");
-    extern __shared__ uint8_t smem_raw[];
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    if (BwdSmem<D, M>::SMEM_SLACK == 0 && smem_addr(smem_raw) % 1024 != 0) __trap();   // bwd_smem_bytes kept no slack
     BwdSmem<D, M> &sm = *(BwdSmem<D, M> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     int n_block, head_kv, batch;
     fa3c_bwd_tile_of_cta(blockIdx.x, p.num_n_blocks, p.heads_kv, p.batch, p.section, &n_block, &head_kv, &batch);
 
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);
-        if (FA3C_BWD_WRITER_ON(D)) {
-            mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
-            mbar_init(&sm.dq_empty, 1);                       // the writer
-        }
+        if (FA3C_BWD_WRITER_ON(D))
+            for (int b = 0; b < BwdSmem<D, M>::DQ_BUFS; b++) {
+                mbar_init(&sm.dq_full[b], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+                mbar_init(&sm.dq_empty[b], 1);                       // the writer
+            }
         fence_barrier_init();
     }
     __syncthreads();
@@ -643,9 +651,10 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_kernel(const __grid_c
     }
 }
 
-// Dynamic smem a launch needs (the +1024 lets the kernel align the base).
+// Dynamic smem a launch needs (the slack lets the kernel align the base).
 template <int D, int M = FA3C_BWD_BLOCK_M(D)>
 static size_t bwd_smem_bytes(void) {
-    static_assert(sizeof(BwdSmem<D, M>) + 1024 <= 227 * 1024, "the backward kernel's smem exceeds what a block may use");
-    return sizeof(BwdSmem<D, M>) + 1024;
+    enum { BYTES = sizeof(BwdSmem<D, M>) + BwdSmem<D, M>::SMEM_SLACK };
+    static_assert(BYTES <= 227 * 1024, "the backward kernel's smem exceeds what a block may use");
+    return BYTES;
 }

@@ -124,6 +124,15 @@
 #define FA3C_BWD_WRITER_ON(d)                                                        \
     ((d) <= 128 ? FA3C_BWD_DQ_WRITER && !((d) == 64 && FA3C_BWD_BLOCK_M(64) == 64) \
                 : FA3C_BWD_WIDE_DQ_WRITER && (d) <= 192)
+/* 2: hdim 64's 128-row blocks hand dQ to the writer through two smem
+ * buffers, so that a step's dQ need not wait for the writer to have read
+ * the previous step's (the fence and wait after dQ's stores were 7% of the
+ * samples, run 147's ncu). The 64 KB fit only without the 1 KB the kernel
+ * keeps to align its smem base: it declares the base 1024-aligned and traps
+ * if it is not. 1: one buffer. An experiment until its A/B (docs/KNOBS.md). */
+#ifndef FA3C_BWD_HDIM64_DQ_BUFFERS
+#define FA3C_BWD_HDIM64_DQ_BUFFERS 1
+#endif
 /* First writes of dQ, for calls of at most this many queries per sequence
  * at head dims 64-128 (0: never; the default: every length): with the
  * writer (not deterministic), the first key block to reach a dQ tile stores

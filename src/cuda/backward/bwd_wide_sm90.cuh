@@ -39,7 +39,8 @@ struct BwdWideSmem {
         M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D),
         // hdim 256's 80 keys (bwd_tiles.h): P and dS transposed, and one dO
         // stage (its own ring, bwd_producer), or they would not fit
-        TRANSPOSED = N == 80, SPLIT_DO = N == 80, DO_STAGES = SPLIT_DO ? 1 : BWD_STAGES
+        TRANSPOSED = N == 80, SPLIT_DO = N == 80, DO_STAGES = SPLIT_DO ? 1 : BWD_STAGES,
+        DQ_BUFS = 1   // the writer's dQ buffers (bwd_dq_writer)
     };
     alignas(1024) uint8_t k[N * D * 2];
     alignas(1024) uint8_t v[N * D * 2];
@@ -59,8 +60,8 @@ struct BwdWideSmem {
     BwdSeq seq;
     // With the writer (FA3C_BWD_WRITER_ON: hdim 192), the block's dQ in
     // tile order for it (bwd_dq_writer), and its barriers (written / read).
-    uint64_t dq_full, dq_empty;
-    alignas(128) float dq[FA3C_BWD_WRITER_ON(D) ? M * D : 4];
+    uint64_t dq_full[DQ_BUFS], dq_empty[DQ_BUFS];
+    alignas(128) float dq[DQ_BUFS][FA3C_BWD_WRITER_ON(D) ? M * D : 4];
     uint64_t do_full, do_empty;   // SPLIT_DO: dO's one slot
 };
 
@@ -502,8 +503,8 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
                     red_release_gpu_add(sem, 1);
                 }
             } else if (FA3C_BWD_WRITER_ON(D)) {   // the writer's buffer is free once it has read step it - 1's
-                if (it > 0) mbar_wait_parity(&sm.dq_empty, (it - 1) & 1);
-                put_wide_dq<D, WG>(sm.dq, &sm.dq_full, dq);
+                if (it > 0) mbar_wait_parity(&sm.dq_empty[0], (it - 1) & 1);
+                put_wide_dq<D, WG>(sm.dq[0], &sm.dq_full[0], dq);
             } else {
                 add_wide_dq<D, WG>(tile, dq);
             }
@@ -568,8 +569,8 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
     if (threadIdx.x == 0) {
         bwd_cta_init<D>(p, sm, n_block, batch);
         if (FA3C_BWD_WRITER_ON(D)) {
-            mbar_init(&sm.dq_full, 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
-            mbar_init(&sm.dq_empty, 1);                       // the writer
+            mbar_init(&sm.dq_full[0], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
+            mbar_init(&sm.dq_empty[0], 1);                       // the writer
         }
         if (BwdWideSmem<D>::SPLIT_DO) {
             mbar_init(&sm.do_full, 1);
