@@ -127,7 +127,7 @@
 /* 2: hdim 64's 128-row blocks hand dQ to the writer through two smem
  * buffers, so that a step's dQ need not wait for the writer to have read
  * the previous step's (the fence and wait after dQ's stores were 7% of the
- * samples, run 147's ncu). The 64 KB fit only without the 1 KB the kernel
+ * samples in an ncu profile). The 64 KB fit only without the 1 KB the kernel
  * keeps to align its smem base: it declares the base 1024-aligned and traps
  * if it is not. 1: one buffer. An experiment until its A/B (docs/KNOBS.md). */
 #ifndef FA3C_BWD_HDIM64_DQ_BUFFERS
