@@ -12,7 +12,9 @@
 //   - The fp8 forward: P's fragment bytes (fp8_fragment_source) carry the keys
 //     Vᵀ's slots hold (fa3c_fp8_key_of_slot); its mask bounds
 //     (fp8_row_columns), key-block range (fp8_key_blocks) and blocks without
-//     a mask (fp8_unmasked_blocks) match the mask.
+//     a mask (fp8_unmasked_blocks) match the mask; its exp on the FMA pipe
+//     (ex2_poly) is 2^x within 1e-4, tiny and non-negative below, NaN as NaN.
+#include <math.h>
 #include "gpu_util.cuh"
 #include "problem.h"
 #include "../../src/cuda/backward/bwd_sm90.cuh"
@@ -369,6 +371,28 @@ TEST(fp8_unmasked_blocks_are_seen_whole) {
             }
     CHECK(errors == 0, "%d blocks where fp8_unmasked_blocks and the mask disagree", errors);
     CHECK(whole_blocks > 100, "only %d blocks seen whole: the cases test too little", whole_blocks);
+}
+
+// ex2_poly against exp2 in double: within 1e-4 relative where 2^x is a
+// normal float well above e4m3's reach, >= 0 and tiny below, NaN kept.
+TEST(fp8_poly_exp_is_exp2) {
+    double worst = 0;
+    int bad = 0;
+    for (int i = 0; i <= 1360000; i++) {   // x in [-125, 11] in steps of 1e-4
+        const float x = -125.f + 1e-4f * (float)i;
+        const double rel = fabs((double)ex2_poly(x) / exp2((double)x) - 1);
+        worst = rel > worst ? rel : worst;
+    }
+    CHECK(worst < 1e-4, "ex2_poly: relative error %g, want < 1e-4", worst);
+    const float below[] = {-125.9f, -126.4f, -126.5f, -127.f, -200.f, -1e30f, -INFINITY};
+    for (int i = 0; i < 7; i++) {
+        const float y = ex2_poly(below[i]);
+        bad += !(y >= 0.f && y < 1e-37f);
+    }
+    CHECK(bad == 0, "ex2_poly: %d inputs below -125.9 gave something other than a tiny non-negative value", bad);
+    CHECK(isnan(ex2_poly(NAN)), "ex2_poly(NaN) is not NaN");
+    CHECK(ex2_poly(0.f) > 0.9999f && ex2_poly(0.f) < 1.0001f && ex2_poly(8.f) > 255.97f && ex2_poly(8.f) < 256.03f,
+          "ex2_poly(0) = %g, ex2_poly(8) = %g", ex2_poly(0.f), ex2_poly(8.f));
 }
 
 TEST_MAIN()

@@ -55,6 +55,14 @@ extern "C" {
 #ifndef FA3C_FP8_LAZY_RESCALE
 #define FA3C_FP8_LAZY_RESCALE 1
 #endif
+/* N > 0: one of every N of a row's 8-key column groups takes its exps on the
+ * FMA pipe (ex2_poly) instead of MUFU.EX2, whose 16 results per SM per clock
+ * make the hdim-128 loop's 66 exps per warp and key block as long as its
+ * GEMMs (docs/FP8.md); 0: every exp on MUFU. An experiment until its A/B
+ * (docs/KNOBS.md). */
+#ifndef FA3C_FP8_POLY_EXP
+#define FA3C_FP8_POLY_EXP 0
+#endif
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240

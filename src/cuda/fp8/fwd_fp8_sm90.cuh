@@ -18,6 +18,7 @@
 // intra-warpgroup one and the pingpong between the consumers (docs/FP8.md).
 #pragma once
 #include <limits.h>
+#include <string.h>
 #include "ptx.cuh"
 #include "wgmma.cuh"
 #include "fp8_params.h"
@@ -229,6 +230,34 @@ FA3C_DEVICE void fp8_block_scores(float *s, const fa3c_fp8_kernel_params &p, flo
         fp8_scores<true>(s, p, score_log2, softcap_pre, row0, n * FP8_N);
 }
 
+// 2^x on the FMA pipe, for FA3C_FP8_POLY_EXP: x + 1.5 * 2^23 rounds x to an
+// integer n in its low mantissa bits, a cubic gives 2^(x - n) on [-1/2, 1/2]
+// (relative error below 1e-4, far under e4m3's 6%), and n joins its exponent
+// (n << 23 keeps only n's bits). x is first clamped to -126.5 so that the
+// exponent stays in range: 2^x below that is a tiny positive number, which
+// e4m3 rounds to 0. NaN stays NaN (max.NaN), -inf gives the tiny number.
+FA3C_HOST_DEVICE float ex2_poly(float x) {
+#ifdef __CUDA_ARCH__
+    asm("max.NaN.f32 %0, %0, 0fC2FD0000;" : "+f"(x));   // -126.5
+#else
+    x = x != x ? x : fmaxf(x, -126.5f);
+#endif
+    const float t = x + 12582912.f, f = x - (t - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.055171627551317215f, f, 0.24261116981506348f), f, 0.6932609677314758f), f,
+                         0.9999280571937561f);
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+#else
+    uint32_t pb, tb;
+    memcpy(&pb, &p, 4);
+    memcpy(&tb, &t, 4);
+    pb += tb << 23;
+    float y;
+    memcpy(&y, &pb, 4);
+    return y;
+#endif
+}
+
 // Online softmax step for row r of the thread's two (0: row0, 1: row0 + 8):
 // the new row max, the sum rescaled, P in place; returns the factor O's row
 // must be rescaled by (fp8_rescale_o_row: the overlapped loop applies it
@@ -253,7 +282,9 @@ FA3C_DEVICE float fp8_softmax_row(float *s, Fp8RowState &st, int r, float score_
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const float x = s[4 * c + 2 * r + e];
-            const float prob = ex2f(FA3C_FP8_FUSED_SCALE ? fmaf(x, score_log2, -off) : x - off);
+            const float arg = FA3C_FP8_FUSED_SCALE ? fmaf(x, score_log2, -off) : x - off;
+            const bool poly = FA3C_FP8_POLY_EXP > 0 && c % (FA3C_FP8_POLY_EXP > 0 ? FA3C_FP8_POLY_EXP : 1) == 0;
+            const float prob = poly ? ex2_poly(arg) : ex2f(arg);
             s[4 * c + 2 * r + e] = prob;
             sum += prob;
         }
