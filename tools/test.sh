@@ -56,14 +56,14 @@ ptxas_clean() {
 stage ptxas ptxas_clean
 # The backward's knobs (bwd_tiles.h) set to their other forms (hdim 64 in
 # 64-row blocks, dQ added by the consumers, no first writes of dQ, hdim 128's
-# calls all in 80-row blocks, hdim 128's steps no mask cuts without its compares, LSE loads ahead; and
+# calls all in 80-row blocks, hdim 128's steps no mask cuts without its compares; and
 # the e4m3 forward with every block masked, softcap inline, the scale applied per score, O always rescaled and an
 # eighth of the exps on the FMA pipe, whose hdim-128 instances this build compiles too), kept for A/Bs:
 # their kernels must still compile clean, and the index math the CPU checks (cpu_kernel_math,
 # bwd_refs_on_cpu) must hold. CUDA builds only.
 knob_build() {
     local f="-DFA3C_BWD_HDIM64_BLOCK_M=64 -DFA3C_BWD_DQ_WRITER=0 -DFA3C_BWD_DQ_FIRST_WRITE=0 -DFA3C_BWD_HDIM128_SHORT_M64=0"
-    f="$f -DFA3C_BWD_HDIM128_UNMASKED_STEPS=1 -DFA3C_BWD_LSE_PAIRS_AHEAD=4 -DFA3C_FP8_UNMASKED_BLOCKS=0"
+    f="$f -DFA3C_BWD_HDIM128_UNMASKED_STEPS=1 -DFA3C_FP8_UNMASKED_BLOCKS=0"
     f="$f -DFA3C_FP8_SOFTCAP_LOOP=0 -DFA3C_FP8_FUSED_SCALE=0 -DFA3C_FP8_LAZY_RESCALE=0 -DFA3C_FP8_POLY_EXP=8"
     cmake -S . -B build-knobs -DCMAKE_BUILD_TYPE=Release "-DFA3C_INSTANCES=bf16_hdim64;bf16_hdim128" \
         "-DCMAKE_C_FLAGS=$f" "-DCMAKE_CUDA_FLAGS=$f" >/dev/null || return 1

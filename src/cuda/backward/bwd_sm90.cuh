@@ -160,29 +160,12 @@ FA3C_HOST_DEVICE void seen_columns(int key, int own_lo, int sk, int rel_lo, int 
 }
 
 // The LSE or dsum of this thread's query columns 8 j + 2 quad and + 1, from
-// the slot at addr; the first N pairs (N <= M / 8) may be loaded ahead of a
-// wgmma wait into a PairsAhead, the others are read where they are used.
+// the slot at addr.
 FA3C_DEVICE float2 column_pair(uint32_t addr, int j) { return ld_shared_f32x2(addr + (8 * j + 2 * (threadIdx.x % 4)) * 4); }
-
-template <int N>
-struct PairsAhead {
-    float2 v[N > 0 ? N : 1];
-};
-
-template <int N>
-FA3C_DEVICE void load_pairs_ahead(PairsAhead<N> &ahead, uint32_t addr) {
-#pragma unroll
-    for (int j = 0; j < N; j++) ahead.v[j] = column_pair(addr, j);
-}
-
-template <int N>
-FA3C_DEVICE float2 pair_at(const PairsAhead<N> &ahead, uint32_t addr, int j) {
-    return j < N ? ahead.v[j] : column_pair(addr, j);
-}
 
 // Pᵀ of this thread's elements, while dPᵀ's GEMM may still run: key rows
 // key0 and key0 + 8, query columns q0 + 8 j + 2 quad (+1), their LSE from
-// the slot (lse_addr; the first pairs in lse_ahead). A pair the mask hides
+// the slot (lse_addr). A pair the mask hides
 // (seen_columns) gets a score of -inf, so ex2 gives P = 0; padding query
 // rows, and rows a shifted query tile shares with the block before, have
 // lse_log2 = +inf, so P = 0 there too. In place in st; with SOFTCAP (scores through softcap·tanh) P goes to
@@ -195,11 +178,10 @@ FA3C_DEVICE float2 pair_at(const PairsAhead<N> &ahead, uint32_t addr, int j) {
 // issue-bound there: docs/BACKWARD.md).
 template <int M, int FP16, bool SOFTCAP, bool MASKED>
 FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint32_t lse_addr,
-                           const PairsAhead<FA3C_BWD_LSE_AHEAD(M)> &lse_ahead, const fa3c_bwd_kernel_params &p,
-                           const int lo[2], const int hi[2]) {
+                           const fa3c_bwd_kernel_params &p, const int lo[2], const int hi[2]) {
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
-        const float2 lse = pair_at(lse_ahead, lse_addr, j);
+        const float2 lse = column_pair(lse_addr, j);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float prob[2], slope[2] = {1.f, 1.f};
@@ -230,11 +212,10 @@ FA3C_DEVICE void bwd_probs(float *st, uint32_t (*p_frag)[4], uint32_t *ps, uint3
 // K and V rows outside the keys used are zeros in smem:
 // zero_unused_key_rows), so their dS is 0.
 template <int M, bool SOFTCAP>
-FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint32_t dsum_addr,
-                           const PairsAhead<FA3C_BWD_DSUM_AHEAD(M)> &dsum_ahead) {
+FA3C_DEVICE void bwd_grads(float *dpt, const float *pt, const uint32_t *ps, uint32_t dsum_addr) {
 #pragma unroll
     for (int j = 0; j < M / 8; j++) {
-        const float2 ds = pair_at(dsum_ahead, dsum_addr, j);
+        const float2 ds = column_pair(dsum_addr, j);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float2 w;
@@ -471,25 +452,19 @@ FA3C_DEVICE void bwd_step(const fa3c_bwd_kernel_params &p, BwdSmem<D, M> &sm, in
         // With softcap, P·tanh' in this warpgroup's chunk of the step's dS buffer,
         // free until the dS stores below (after a barrier of the warpgroup).
         uint32_t *ps = (uint32_t *)(sm.ds[it % 2] + wg * M * BWD_ROW_BYTES) + threadIdx.x % 128;
-        // The first LSE and dsum pairs loaded ahead of the waits (FA3C_BWD_LSE_PAIRS_AHEAD,
-        // FA3C_BWD_DSUM_PAIRS_AHEAD), so that their latency passes under the GEMMs.
         const uint32_t lse_addr = smem_addr(sm.lse_log2[s]), dsum_addr = smem_addr(sm.dsum[s]);
-        PairsAhead<FA3C_BWD_LSE_AHEAD(M)> lse_ahead;
-        PairsAhead<FA3C_BWD_DSUM_AHEAD(M)> dsum_ahead;
-        load_pairs_ahead(lse_ahead, lse_addr);
         wgmma_wait<SOFTCAP_80 ? 0 : 1>();
         bwd_fence_regs<M / 2>(st);
-        bwd_probs<M, FP16, SOFTCAP, MASKED>(st, p_frag, ps, lse_addr, lse_ahead, p, lo, hi);
+        bwd_probs<M, FP16, SOFTCAP, MASKED>(st, p_frag, ps, lse_addr, p, lo, hi);
         if (SOFTCAP_80) {
             wgmma_fence();
             gemm_keys_by_rows<D, M, FP16>(dpt, sm.v, sm.dout[s], wg);
             wgmma_commit();
         }
         if (!SOFTCAP) probs_to_fragments<M, FP16>(st, p_frag);
-        load_pairs_ahead(dsum_ahead, dsum_addr);
         wgmma_wait<0>();
         bwd_fence_regs<M / 2>(dpt);
-        bwd_grads<M, SOFTCAP>(dpt, st, ps, dsum_addr, dsum_ahead);
+        bwd_grads<M, SOFTCAP>(dpt, st, ps, dsum_addr);
     }
 
     // dSᵀ to smem for dQ = dS·K, before the wgmma that reads ds_frag is

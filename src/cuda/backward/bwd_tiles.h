@@ -200,20 +200,6 @@
 #define FA3C_BWD_HDIM128_SPLIT_FORMS FA3C_BWD_HDIM128_UNMASKED_STEPS
 #endif
 
-/* How many of a thread's LSE and dsum pairs (M / 8 in all) the narrow
- * kernel loads from smem before it waits for Sᵀ and dPᵀ, so that the loads'
- * latency passes under the GEMMs (at hdim 64 the first exps waited on them:
- * docs/BACKWARD.md); the rest after the waits. All of the LSE ahead spills
- * at hdim 64. 0, 0: every load after its wait. */
-#ifndef FA3C_BWD_LSE_PAIRS_AHEAD
-#define FA3C_BWD_LSE_PAIRS_AHEAD 0
-#endif
-#ifndef FA3C_BWD_DSUM_PAIRS_AHEAD
-#define FA3C_BWD_DSUM_PAIRS_AHEAD 0
-#endif
-#define FA3C_BWD_LSE_AHEAD(m) (FA3C_BWD_LSE_PAIRS_AHEAD < (m) / 8 ? FA3C_BWD_LSE_PAIRS_AHEAD : (m) / 8)
-#define FA3C_BWD_DSUM_AHEAD(m) (FA3C_BWD_DSUM_PAIRS_AHEAD < (m) / 8 ? FA3C_BWD_DSUM_PAIRS_AHEAD : (m) / 8)
-
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)
