@@ -19,7 +19,9 @@
  * as PEERS.md does); needs a build whose CUDA backward is on (-DFA3C_CUDA_BWD=ON).
  * --fp8: the e4m3 forward instead (hdim 128 and 256, non-causal and causal; descales 1); needs
  * -DFA3C_CUDA_FP8=ON. Both say what the build refused, shape by shape, when it is off.
- * --causal C (0 or 1): only that mask (a profiler's first launch is then the shape wanted). */
+ * --causal C (0 or 1): only that mask (a profiler's first launch is then the shape wanted).
+ * --headdim-v DV: v's (and out's, dout's, dv's) head dim of its own, e.g. --hdim 192 --headdim-v 128
+ * for MLA prefill (TFLOPS count q·k over the head dim and P·V over DV). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -219,7 +221,7 @@ static void bench_decode(FILE *out, cudaEvent_t e0, cudaEvent_t e1, int page_siz
 
 int main(int argc, char **argv) {
     int quick = 0, decode = 0, seqused = 0, page_sizes[4] = {0}, npages = 0, picked[5] = {0}, npicked = 0;
-    int backward = 0, fp8 = 0, only_causal = -1;
+    int backward = 0, fp8 = 0, only_causal = -1, headdim_v = 0;
     int own_seqlens[8] = {0}, nown = 0;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
@@ -237,10 +239,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--fp8")) fp8 = 1;
         else if (!strcmp(argv[i], "--causal") && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1")))
             only_causal = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--headdim-v") && i + 1 < argc && atoi(argv[i + 1]) >= 8 && atoi(argv[i + 1]) <= 256)
+            headdim_v = atoi(argv[++i]);
         else {
             fprintf(stderr,
                     "usage: %s [--quick] [--hdim D]... [--seqlen S (1..16384)]... [--decode [--page-size P]...] [--seqused] "
-                    "[--backward | --fp8] [--causal 0|1] [--csv FILE]\n",
+                    "[--backward | --fp8] [--causal 0|1] [--headdim-v DV] [--csv FILE]\n",
                     argv[0]);
             return 2;
         }
@@ -289,12 +293,12 @@ int main(int argc, char **argv) {
     fill_device_random(q, total * 2, 1234);
     fill_device_random(k, total * 2, 1235);
     fill_device_random(v, total * 2, 1236);
-    void *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *q8 = NULL, *k8 = NULL, *v8 = NULL;
+    void *dout = NULL, *dq = NULL, *dk = NULL, *dvp = NULL, *q8 = NULL, *k8 = NULL, *v8 = NULL;
     if (backward) {   /* dout random; out and lse from a forward per shape */
         CUDA_TRY(cudaMalloc(&dout, total * 2));
         CUDA_TRY(cudaMalloc(&dq, total * 2));
         CUDA_TRY(cudaMalloc(&dk, total * 2));
-        CUDA_TRY(cudaMalloc(&dv, total * 2));
+        CUDA_TRY(cudaMalloc(&dvp, total * 2));
         fill_device_random(dout, total * 2, 1237);
     }
     if (fp8) {   /* e4m3 copies of q, k, v: the bf16 values rounded (random bytes could be NaN) */
@@ -322,11 +326,12 @@ int main(int argc, char **argv) {
     printf("%-5s %-6s %-6s %-5s %-5s %9s %8s\n", "hdim", "causal", "seqlen", "batch", "heads", "ms", "TFLOPS");
     for (int hi = 0; hi < 5; hi++) {
         int d = hdims[hi], wanted = npicked == 0 && d % 64 == 0 && d != 192 && (!fp8 || d >= 128);
+        if (headdim_v > d) continue;   /* the buffers hold 2048 columns of the head dim's heads */
         for (int j = 0; j < npicked; j++) wanted |= picked[j] == d;
         if (!wanted) continue;
         for (int causal = 0; causal < 2; causal++)
             for (int si = 0; si < nseq && (only_causal < 0 || only_causal == causal); si++) {
-                int s = seqlens[si], b = 16384 / s, heads = 2048 / d;
+                int s = seqlens[si], b = 16384 / s, heads = 2048 / d, dv = headdim_v ? headdim_v : d;
                 fa3c_fwd_params p;
                 fa3c_fwd_params_init(&p);
                 p.problem.dtype = fp8 ? FA3C_DTYPE_E4M3 : FA3C_DTYPE_BF16;
@@ -334,11 +339,12 @@ int main(int argc, char **argv) {
                 p.problem.seqlen_q = p.problem.seqlen_k = s;
                 p.problem.heads_q = p.problem.heads_kv = heads;
                 p.problem.headdim = d;
+                p.problem.headdim_v = dv != d ? dv : 0;
                 p.problem.causal = causal;
                 set_dense(&p.q, fp8 ? q8 : q, s, heads, d);
                 set_dense(&p.k, fp8 ? k8 : k, s, heads, d);
-                set_dense(&p.v, fp8 ? v8 : v, s, heads, d);
-                set_dense(&p.out, o, s, heads, d);
+                set_dense(&p.v, fp8 ? v8 : v, s, heads, dv);
+                set_dense(&p.out, o, s, heads, dv);
                 p.lse = lse;
                 p.backend = FA3C_BACKEND_CUDA;
                 set_seqused(&p);
@@ -352,10 +358,10 @@ int main(int argc, char **argv) {
                     g.v = p.v;
                     g.out = p.out;
                     g.lse = lse;
-                    set_dense(&g.dout, dout, s, heads, d);
+                    set_dense(&g.dout, dout, s, heads, dv);
                     set_dense(&g.dq, dq, s, heads, d);
                     set_dense(&g.dk, dk, s, heads, d);
-                    set_dense(&g.dv, dv, s, heads, d);
+                    set_dense(&g.dv, dvp, s, heads, dv);
                     g.backend = FA3C_BACKEND_CUDA;
                     st = fa3c_bwd(&g, NULL);
                 }
@@ -365,7 +371,7 @@ int main(int argc, char **argv) {
                 }
                 timed_call c = {&p, backward ? &g : NULL};
                 double ms = time_any(c, e0, e1);
-                double flops = (backward ? 2.5 : 1.0) * 4.0 * b * heads * (double)s * s * d / (causal ? 2 : 1);
+                double flops = (backward ? 2.5 : 1.0) * 2.0 * b * heads * (double)s * s * (d + dv) / (causal ? 2 : 1);
                 double tflops = flops / (ms * 1e-3) / 1e12;
                 printf("%-5d %-6d %-6d %-5d %-5d %9.4f %8.1f\n", d, causal, s, b, heads, ms, tflops);
                 if (out) fprintf(out, "%d,%d,%d,%d,%d,%.5f,%.1f\n", d, causal, s, b, heads, ms, tflops);
@@ -375,7 +381,7 @@ int main(int argc, char **argv) {
     cudaFree(dout);
     cudaFree(dq);
     cudaFree(dk);
-    cudaFree(dv);
+    cudaFree(dvp);
     cudaFree(q8);
     cudaFree(k8);
     cudaFree(v8);

@@ -28,12 +28,15 @@ set(FA3C_FWD_ROWS
   "bf16_hdim256_varlen BF16 256 - varlen 0" "fp16_hdim64_varlen FP16 64 - varlen 0"
   "fp16_hdim96_varlen FP16 96 - varlen 0" "fp16_hdim128_varlen FP16 128 - varlen 0"
   "fp16_hdim192_varlen FP16 192 - varlen 0" "fp16_hdim256_varlen FP16 256 - varlen 0")
-# Backward (bwd_tiles.h): name dtype hdim, built with the forward instance `with`.
+# Backward (bwd_tiles.h): name dtype hdim hdim_v, built with the forward instance `with`;
+# hdim_v below hdim: v's head dim of its own (MLA prefill: 192 / 128), picked by bwd_host.c
+# where v's fits, the hdim = hdim_v instance otherwise.
 set(FA3C_BWD_ROWS
-  "bf16_hdim64 BF16 64 bf16_hdim64"    "bf16_hdim128 BF16 128 bf16_hdim128"
-  "bf16_hdim192 BF16 192 bf16_hdim192" "bf16_hdim256 BF16 256 bf16_hdim256"
-  "fp16_hdim64 FP16 64 fp16_hdim64"    "fp16_hdim128 FP16 128 fp16_hdim128"
-  "fp16_hdim192 FP16 192 fp16_hdim192" "fp16_hdim256 FP16 256 fp16_hdim256")
+  "bf16_hdim64 BF16 64 64 bf16_hdim64"       "bf16_hdim128 BF16 128 128 bf16_hdim128"
+  "bf16_hdim192 BF16 192 192 bf16_hdim192"   "bf16_hdim256 BF16 256 256 bf16_hdim256"
+  "fp16_hdim64 FP16 64 64 fp16_hdim64"       "fp16_hdim128 FP16 128 128 fp16_hdim128"
+  "fp16_hdim192 FP16 192 192 fp16_hdim192"   "fp16_hdim256 FP16 256 256 fp16_hdim256"
+  "bf16_hdim192_v128 BF16 192 128 bf16_hdim192" "fp16_hdim192_v128 FP16 192 128 fp16_hdim192")
 # e4m3 forward (fp8_params.h): name hdim block_scales, built with the forward instance `with`;
 # block_scales 1: the instance for calls with per-block K or V descales.
 set(FA3C_FP8_ROWS "e4m3_hdim128 128 0 bf16_hdim128" "e4m3_hdim256 256 0 bf16_hdim256"
@@ -111,14 +114,14 @@ endforeach()
 
 set(_bwd_x "")
 foreach(row ${FA3C_BWD_ROWS})
-  fa3c_row_fields("${row}" name dt d with)
+  fa3c_row_fields("${row}" name dt d dv with)
   if(NOT with IN_LIST _fa3c_selected)
     continue()
   endif()
   string(COMPARE EQUAL "${dt}" FP16 fp16)
   fa3c_instance_file(bwd_${name}.cu "#include \"cuda/backward/bwd_launch.cuh\"
-FA3C_BWD_INSTANCE(fa3c_bwd_sm90_${name}, ${d}, ${fp16})\n")
-  string(APPEND _bwd_x " \\\n    X(${name}, FA3C_DTYPE_${dt}, ${d})")
+FA3C_BWD_INSTANCE(fa3c_bwd_sm90_${name}, ${d}, ${fp16}, ${dv})\n")
+  string(APPEND _bwd_x " \\\n    X(${name}, FA3C_DTYPE_${dt}, ${d}, ${dv})")
 endforeach()
 
 set(_fp8_x "")
@@ -138,7 +141,7 @@ instances this build compiled (FA3C_INSTANCES), as X-macro lists. */
 #define FA3C_BUILT_INSTANCES_H
 /* X(name, dtype, hdim, block_n, role): the forward's (fwd_launch.cuh; role: instances.h). */
 #define FA3C_BUILT_FWD_INSTANCES(X)${_fwd_x}
-/* X(name, dtype, hdim): the backward's (bwd_launch.cuh). */
+/* X(name, dtype, hdim, hdim_v): the backward's (bwd_launch.cuh). */
 #define FA3C_BUILT_BWD_INSTANCES(X)${_bwd_x}
 /* X(name, hdim, block_scales): the e4m3 forward's (fp8_launch.cuh). */
 #define FA3C_BUILT_FP8_INSTANCES(X)${_fp8_x}

@@ -41,16 +41,16 @@ __device__ void wide80_part(const float *p, uint8_t *sp, const uint8_t *sq, cons
     store_keys_by_rows<N, S::KEY0, S::NK, FP16>(sp, x, w);
     fence_proxy_async_smem();
     named_bar_sync(1, 256);   // both warpgroups' keys are in the buffer
-    float acc[S::KV_TILES][N / 2];
-    for (int tt = 0; tt < S::KV_TILES; tt++)
+    float acc[S::DV_TILES][N / 2];
+    for (int tt = 0; tt < S::DV_TILES; tt++)
         for (int i = 0; i < N / 2; i++) acc[tt][i] = 0.f;
     wgmma_fence();
-    gemm_key_grads<D, FP16, WG>(acc, sdo, sp);
+    gemm_key_grads<D, FP16, S::DV_TILES, S::DV_COL0>(acc, sdo, sp);
     wgmma_commit();
     wgmma_wait<0>();
-    for (int tt = 0; tt < S::KV_TILES; tt++)
+    for (int tt = 0; tt < S::DV_TILES; tt++)
         for (int i = 0; i < N / 2; i++) {   // row: head-dim column within the tile, column: key
-            const int col = S::KV_COL0 + 64 * tt + 16 * w + g + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * q + i % 2;
+            const int col = S::DV_COL0 + 64 * tt + 16 * w + g + 8 * ((i / 2) % 2), key = 8 * (i / 4) + 2 * q + i % 2;
             dvt[col * N + key] = acc[tt][i];
         }
     float h[32];

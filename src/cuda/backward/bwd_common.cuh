@@ -114,7 +114,7 @@ FA3C_DEVICE void bwd_fence_regs(float *x) {
 // warpgroups). Outside means past this sequence's keys used, or before its
 // key 0: a shifted tile of a short packed sequence starts in the sequence
 // before, whose unused keys may be NaN. k_start: the tile's first key.
-template <int D, int N>
+template <int D, int N, int DV = D>
 FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int sk, int row0, int rows) {
     const int first = k_start + row0;
     if (first >= 0 && first + rows <= sk) return;
@@ -122,7 +122,7 @@ FA3C_DEVICE void zero_unused_key_rows(uint8_t *k, uint8_t *v, int k_start, int s
         const int row = u / (D / 8), unit = u % (D / 8), key = first + row;
         if (key < 0 || key >= sk) {
             st_shared_zero16(smem_addr(swizzled_unit<128>(k, N, row0 + row, unit)));
-            st_shared_zero16(smem_addr(swizzled_unit<128>(v, N, row0 + row, unit)));
+            if (unit < DV / 8) st_shared_zero16(smem_addr(swizzled_unit<128>(v, N, row0 + row, unit)));
         }
     }
     fence_proxy_async_smem();

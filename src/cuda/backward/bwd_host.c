@@ -21,27 +21,34 @@
 
 typedef struct {
     fa3c_dtype dtype;
-    int headdim;
+    int headdim, headdim_v;   /* the kernel's; headdim_v below headdim: built for a narrower v */
     fa3c_bwd_launcher launch;
 } bwd_instance;
 
 /* The instances this build compiled (built_instances.h, from sources.cmake). */
-#define FA3C_DECLARE_BWD(name, dtype, hdim) \
+#define FA3C_DECLARE_BWD(name, dtype, hdim, hdim_v) \
     fa3c_status fa3c_bwd_sm90_##name(const fa3c_bwd_kernel_params *p, void *stream);
 FA3C_BUILT_BWD_INSTANCES(FA3C_DECLARE_BWD)
 #undef FA3C_DECLARE_BWD
-#define FA3C_BWD_ROW(name, dtype, hdim) {dtype, hdim, fa3c_bwd_sm90_##name},
+#define FA3C_BWD_ROW(name, dtype, hdim, hdim_v) {dtype, hdim, hdim_v, fa3c_bwd_sm90_##name},
 static const bwd_instance bwd_instances[] = {
     FA3C_BUILT_BWD_INSTANCES(FA3C_BWD_ROW)
 #undef FA3C_BWD_ROW
-    {FA3C_DTYPE_FP32, 0, NULL}};
+    {FA3C_DTYPE_FP32, 0, 0, NULL}};
 
+/* The instance of the problem's kernel head dim: one built for a narrower v
+ * (headdim_v below headdim: MLA prefill's 192 / 128) where v's head dim fits
+ * it, else the one whose v is as wide as q. */
 static const bwd_instance *find_bwd(const fa3c_problem *pr) {
-    for (size_t i = 0; bwd_instances[i].launch; i++)
-        if (bwd_instances[i].dtype == pr->dtype &&
-            bwd_instances[i].headdim == FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)))
-            return &bwd_instances[i];
-    return NULL;
+    const int d = FA3C_BWD_KERNEL_HEADDIM(fa3c_headdim_max(pr)), dv = fa3c_headdim_v(pr);
+    const bwd_instance *found = NULL;
+    for (size_t i = 0; bwd_instances[i].launch; i++) {
+        const bwd_instance *b = &bwd_instances[i];
+        if (b->dtype != pr->dtype || b->headdim != d) continue;
+        if (b->headdim_v < b->headdim && dv <= b->headdim_v && FA3C_BWD_HDIM192_V128) return b;
+        if (b->headdim_v == b->headdim) found = b;
+    }
+    return found;
 }
 
 /* dk and dv leave as pairs of 16-bit values (4-byte stores). */

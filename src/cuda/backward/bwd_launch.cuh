@@ -8,9 +8,12 @@
 #include "backend.h"
 #include "launch_check.cuh"
 
-template <int D, int FP16>
+// DV: v's head dim the kernel is built for (D, or 128 at D = 192: MLA
+// prefill, whose v and dO tiles are then 128 columns wide, not padded to 192).
+template <int D, int FP16, int DV = D>
 static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stream) {
     // Head dims 64-128: bwd_sm90.cuh's kernel; 192 and 256: bwd_wide_sm90.cuh's.
+    static_assert(DV == D || D > 128, "a value head dim of its own: the wide kernel only");
     void (*kernel)(fa3c_bwd_kernel_params);
     size_t smem;
     // The host's query block (FA3C_BWD_CALL_BLOCK_M): the instance's own, or at
@@ -24,7 +27,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     static int regs_main = -1, regs_softcap = -1, regs_m64 = -1;
     int *regs = &regs_main;
     if constexpr (D > 128) {
-        kernel = bwd_wide_kernel<D, FP16>, smem = bwd_wide_smem_bytes<D>();
+        kernel = bwd_wide_kernel<D, FP16, DV>, smem = bwd_wide_smem_bytes<D, DV>();
     } else {
         smem = bwd_smem_bytes<D>();
         if constexpr (FA3C_BWD_BLOCK_M(D) == 80 && (FA3C_BWD_UNMASKED_STEPS(D) || FA3C_BWD_HDIM128_SPLIT_FORMS)) {
@@ -42,7 +45,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     if ((block_m != FA3C_BWD_BLOCK_M(D) && !(SHORT_M64 && block_m == 64)) ||
         p->num_m_blocks * block_m != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
         p->num_n_blocks != (p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D) || p->section < 1 ||
-        FA3C_BWD_KERNEL_HEADDIM(p->headdim > p->headdim_v ? p->headdim : p->headdim_v) != D)
+        FA3C_BWD_KERNEL_HEADDIM(p->headdim > p->headdim_v ? p->headdim : p->headdim_v) != D || p->headdim_v > DV)
         return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d): the host planned %d-row query blocks "
                           "and %d-key CTAs of head dim %d; this kernel was built for %d rows and %d keys (FA3C_BWD_* "
                           "knobs differ between the C and CUDA flags)", D,
@@ -58,7 +61,7 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
     return FA3C_STATUS_OK;
 }
 
-#define FA3C_BWD_INSTANCE(NAME, D, FP16)                                                       \
+#define FA3C_BWD_INSTANCE(NAME, D, FP16, DV)                                                   \
     extern "C" fa3c_status NAME(const fa3c_bwd_kernel_params *p, void *stream) {               \
-        return launch_bwd<D, FP16>(p, (cudaStream_t)stream);                                   \
+        return launch_bwd<D, FP16, DV>(p, (cudaStream_t)stream);                               \
     }

@@ -38,16 +38,16 @@ FA3C_DEVICE int foreign_query_rows(const fa3c_bwd_kernel_params &p, int tok0, in
 template <int D, class Smem>
 FA3C_DEVICE void load_step_zeroing(const fa3c_bwd_kernel_params &p, Smem &sm, int s, int row0, int head, int m,
                                    int row, int foreign, int &landings) {
-    enum { M = Smem::M };
+    enum { M = Smem::M, DV = Smem::DV };
     uint8_t *dout = sm.dout[Smem::SPLIT_DO ? 0 : s];
-    mbar_arrive_expect_tx(&sm.landed, 2 * M * D * 2 + 2 * M * 4);
+    mbar_arrive_expect_tx(&sm.landed, M * (D + DV) * 2 + 2 * M * 4);
     bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
-    bwd_load_rows<D>(dout, &p.do_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
+    bwd_load_rows<DV>(dout, &p.do_map, &sm.landed, M, row0, head, BWD_SEQ(sm, q_batch));
     tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.landed, m * M, row);
     tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.landed, m * M, row);
     mbar_wait_parity(&sm.landed, landings++ & 1);
     zero_tile_rows<D, M>(sm.q[s], foreign);
-    zero_tile_rows<D, M>(dout, foreign);
+    zero_tile_rows<DV, M>(dout, foreign);
     fence_proxy_async_smem();   // the consumers' wgmmas read them through the async proxy
     mbar_arrive(&sm.full[s]);
     if constexpr (Smem::SPLIT_DO) mbar_arrive(&sm.do_full);
@@ -59,13 +59,13 @@ FA3C_DEVICE void load_step_zeroing(const fa3c_bwd_kernel_params &p, Smem &sm, in
 // one slot (do_full, do_empty), freed once dVᵀ has read it, before Q's.
 template <int D, class Smem>
 FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int head_kv, int batch) {
-    enum { M = Smem::M, N = FA3C_BWD_BLOCK_N(D) };
+    enum { M = Smem::M, N = FA3C_BWD_BLOCK_N(D), DV = Smem::DV };   // DV: v's and dO's tiles' head dim
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     if (m_begin >= m_end) return;
     const int k_row0 = BWD_SEQ(sm, k_tok0) + BWD_SEQ(sm, k_start);
-    mbar_arrive_expect_tx(&sm.kv_full, 2 * N * D * 2);
+    mbar_arrive_expect_tx(&sm.kv_full, N * (D + DV) * 2);
     bwd_load_rows<D>(sm.k, &p.k_map, &sm.kv_full, N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
-    bwd_load_rows<D>(sm.v, &p.v_map, &sm.kv_full, N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
+    bwd_load_rows<DV>(sm.v, &p.v_map, &sm.kv_full, N, k_row0, head_kv, BWD_SEQ(sm, k_batch));
     int it = 0, landings = 0;
     for (int g = 0; g < p.group; g++) {
         const int head = head_kv * p.group + g, row = batch * p.heads_q + head;   // of the scratch maps
@@ -87,13 +87,13 @@ FA3C_DEVICE void bwd_producer(const fa3c_bwd_kernel_params &p, Smem &sm, int hea
                 tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
                 tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
                 if (it > 0) mbar_wait_parity(&sm.do_empty, (it - 1) & 1);
-                mbar_arrive_expect_tx(&sm.do_full, M * D * 2);
-                bwd_load_rows<D>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
+                mbar_arrive_expect_tx(&sm.do_full, M * DV * 2);
+                bwd_load_rows<DV>(sm.dout[0], &p.do_map, &sm.do_full, M, row0, head, BWD_SEQ(sm, q_batch));
                 continue;
             }
-            mbar_arrive_expect_tx(&sm.full[s], 2 * M * D * 2 + 2 * M * 4);
+            mbar_arrive_expect_tx(&sm.full[s], M * (D + DV) * 2 + 2 * M * 4);
             bwd_load_rows<D>(sm.q[s], &p.q_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
-            bwd_load_rows<D>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
+            bwd_load_rows<DV>(sm.dout[s], &p.do_map, &sm.full[s], M, row0, head, BWD_SEQ(sm, q_batch));
             tma_load_2d(sm.lse_log2[s], &p.lse_map, &sm.full[s], m * M, row);
             tma_load_2d(sm.dsum[s], &p.dsum_map, &sm.full[s], m * M, row);
         }

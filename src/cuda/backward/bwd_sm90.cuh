@@ -56,7 +56,7 @@ FA3C_HOST_DEVICE constexpr bool bwd_dq_key_split(int d, int m) { return d == 64 
 // chunks of M query rows of 64 keys (K-major B of dQᵀ = Kᵀ·dSᵀ).
 template <int D, int BM = FA3C_BWD_BLOCK_M(D)>
 struct BwdSmem {
-    enum { M = BM, SPLIT_DO = 0 };   // dO in the Q ring (bwd_producer)
+    enum { M = BM, SPLIT_DO = 0, DV = D };   // dO in the Q ring (bwd_producer); v and dO as wide as q
     enum { DQ_TRANSPOSED = FA3C_BWD_DQ_TRANSPOSED(D), DQ_REGS = DQ_TRANSPOSED ? M / 2 : 32 };
     // The writer's dQ buffers (FA3C_BWD_HDIM64_DQ_BUFFERS); with two, no
     // slack to align the base (bwd_smem_bytes).

@@ -200,6 +200,15 @@
 #define FA3C_BWD_HDIM128_SPLIT_FORMS FA3C_BWD_HDIM128_UNMASKED_STEPS
 #endif
 
+/* 1: calls of kernel head dim 192 whose v is at most 128 wide (MLA prefill:
+ * q, k 192, v 128) run the instances built for it (`*_hdim192_v128`: v and
+ * dO tiles 128 columns wide, 13% less GEMM work than padding them to 192,
+ * and 24 KB less smem); 0: the hdim-192 instance, v padded with zeros.
+ * Off until its GPU tests and A/B (docs/KNOBS.md). */
+#ifndef FA3C_BWD_HDIM192_V128
+#define FA3C_BWD_HDIM192_V128 0
+#endif
+
 /* Head dims a multiple of 8 in [8, 256], and the kernel each runs on. */
 #define FA3C_BWD_HEADDIM_OK(d) ((d) >= 8 && (d) <= 256 && (d) % 8 == 0)
 #define FA3C_BWD_KERNEL_HEADDIM(d) ((d) <= 64 ? 64 : (d) <= 128 ? 128 : (d) <= 192 ? 192 : 256)

@@ -33,19 +33,21 @@
 #include "bwd_producer.cuh"
 #include "bwd_dq.cuh"
 
-template <int D>
+// DV_: v's and dout's head dim, D but for MLA prefill's 128 at D = 192
+// (WideShare): their tiles DV_ columns wide.
+template <int D, int DV_ = D>
 struct BwdWideSmem {
     enum {
-        M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D),
+        M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D), DV = DV_,
         // hdim 256's 80 keys (bwd_tiles.h): P and dS transposed, and one dO
         // stage (its own ring, bwd_producer), or they would not fit
         TRANSPOSED = N == 80, SPLIT_DO = N == 80, DO_STAGES = SPLIT_DO ? 1 : BWD_STAGES,
         DQ_BUFS = 1   // the writer's dQ buffers (bwd_dq_writer)
     };
     alignas(1024) uint8_t k[N * D * 2];
-    alignas(1024) uint8_t v[N * D * 2];
+    alignas(1024) uint8_t v[N * DV * 2];
     alignas(1024) uint8_t q[BWD_STAGES][M * D * 2];
-    alignas(1024) uint8_t dout[DO_STAGES][M * D * 2];
+    alignas(1024) uint8_t dout[DO_STAGES][M * DV * 2];
     // P and dS, M query rows x N keys (one 128-byte chunk), or TRANSPOSED
     // N key rows x M queries, two buffers each: both warpgroups read both
     // halves, and one barrier per step orders step it's writes after step
@@ -66,14 +68,19 @@ struct BwdWideSmem {
 };
 
 // What consumer warpgroup WG computes (compile-time, so that its
-// accumulators are register arrays of fixed size).
-template <int D, int WG>
+// accumulators are register arrays of fixed size). With v's head dim DV =
+// 128 at D = 192 (MLA prefill) dV's columns split 64 / 64, so that with dK's
+// 128 / 64 and dQ's 64 / 128 both warpgroups do four 64-column tiles.
+template <int D, int WG, int DV = D>
 struct WideShare {
+    static_assert(DV == D || (D == 192 && DV == 128), "the wide backward's value head dims: D, or 128 at D = 192");
     enum {
         NK = FA3C_BWD_BLOCK_N(D) / 2,         // its keys of S, dP, P and dS: [KEY0, KEY0 + NK)
         KEY0 = NK * WG,
-        KV_COL0 = WG == 0 ? 0 : 128,          // its head-dim columns of dK and dV
-        KV_TILES = WG == 0 ? 2 : D / 64 - 2,  // ... as 64-column wgmma tiles
+        DK_COL0 = WG == 0 ? 0 : 128,          // its head-dim columns of dK
+        DK_TILES = WG == 0 ? 2 : D / 64 - 2,  // ... as 64-column wgmma tiles
+        DV_COL0 = DV == D ? DK_COL0 : 64 * WG,   // and of dV
+        DV_TILES = DV == D ? DK_TILES : 1,
         DQ_COL0 = WG == 0 ? 0 : D - 128,      // its head-dim columns of dQ
         DQ_N = WG == 0 ? D - 128 : 128
     };
@@ -82,14 +89,15 @@ struct WideShare {
 // ---- GEMMs -------------------------------------------------------------------------
 
 // acc(64 query rows x NK keys) = X(the Q or dO slot) · Y(keys [key0, +NK)
-// of the K or V tile)ᵀ; both K-major, as the forward's S = Q·Kᵀ.
-template <int D, int FP16, int NK>
+// of the K or V tile)ᵀ; both K-major, as the forward's S = Q·Kᵀ; KD: their
+// head dim (D for S, v's for dP).
+template <int D, int FP16, int NK, int KD = D>
 FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *y, int key0) {
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     const uint64_t x_desc = smem_desc_swizzled(smem_addr(x), 16, BWD_ATOM_BYTES, 128);
     const uint64_t y_desc = smem_desc_swizzled(smem_addr(y) + key0 * BWD_ROW_BYTES, 16, BWD_ATOM_BYTES, 128);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
+    for (int kk = 0; kk < KD / 16; kk++) {
         const uint32_t in_row = (kk % 4) * 32, chunk = kk / 4;
         wgmma_ss<NK, FP16>(acc, smem_desc_advance(x_desc, chunk * M * BWD_ROW_BYTES + in_row),
                            smem_desc_advance(y_desc, chunk * N * BWD_ROW_BYTES + in_row), kk > 0);
@@ -98,17 +106,17 @@ FA3C_DEVICE void gemm_rows_by_keys(float *acc, const uint8_t *x, const uint8_t *
 
 // accᵀ(the warpgroup's head-dim columns x N keys) += X(the Q or dO slot:
 // queries x columns)ᵀ · Y(P or dS: queries x keys), the contraction over the
-// 64 query rows: one 64 x N tile per 64 columns. X is MN-major; Y too as
-// queries x keys, or K-major when TRANSPOSED (a row per key).
-template <int D, int FP16, int WG>
+// 64 query rows: one 64 x N tile per 64 columns, TILES of them from column
+// COL0. X is MN-major; Y too as queries x keys, or K-major when TRANSPOSED
+// (a row per key).
+template <int D, int FP16, int TILES, int COL0>
 FA3C_DEVICE void gemm_key_grads(float (*acc)[FA3C_BWD_BLOCK_N(D) / 2], const uint8_t *x, const uint8_t *y) {
-    typedef WideShare<D, WG> S;
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D), TRANSPOSED = BwdWideSmem<D>::TRANSPOSED };
     const uint64_t y_desc = TRANSPOSED ? smem_desc_swizzled(smem_addr(y), 16, BWD_ATOM_BYTES, 128)
                                        : smem_desc_swizzled(smem_addr(y), M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
-    for (int t = 0; t < S::KV_TILES; t++) {
-        const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + (S::KV_COL0 / 64 + t) * M * BWD_ROW_BYTES,
+    for (int t = 0; t < TILES; t++) {
+        const uint64_t x_desc = smem_desc_swizzled(smem_addr(x) + (COL0 / 64 + t) * M * BWD_ROW_BYTES,
                                                    M * BWD_ROW_BYTES, BWD_ATOM_BYTES, 128);
 #pragma unroll
         for (int kk = 0; kk < M / 16; kk++) {
@@ -298,11 +306,10 @@ FA3C_DEVICE void put_wide_dq(float *buf, uint64_t *dq_full, const float *dq) {
 // all even): keys in [own_lo, sk_stored) of the tile's N (from k_start),
 // at token tok0 + key (packed sequences: `batch` is 0 then), its first `cols`
 // columns (the tensors' head dim: 160 of hdim 192's kernel).
-template <int D, int FP16, int WG>
+template <int D, int FP16, int TILES, int COL0>
 FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc)[FA3C_BWD_BLOCK_N(D) / 2],
                                    float scale, int batch, int head_kv, int tok0, int k_start, int own_lo,
                                    int sk_stored, int cols) {
-    typedef WideShare<D, WG> S;
     enum { N = FA3C_BWD_BLOCK_N(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, quad = lane % 4;
     uint16_t *base = (uint16_t *)out + batch * stride[0] + head_kv * stride[2];
@@ -314,11 +321,11 @@ FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc
             if (key < own_lo || key >= sk_stored) continue;
             uint16_t *row = base + (int64_t)(tok0 + key) * stride[1];
 #pragma unroll
-            for (int t = 0; t < S::KV_TILES; t++)
+            for (int t = 0; t < TILES; t++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const float x = acc[t][4 * j + 2 * r + e] * scale;
-                    const int col = S::KV_COL0 + 64 * t + warp * 16 + lane / 4 + 8 * r;
+                    const int col = COL0 + 64 * t + warp * 16 + lane / 4 + 8 * r;
                     if (col < cols) row[col] = FP16 ? (uint16_t)pack_f16x2(x, 0.f) : (uint16_t)pack_bf16x2(x, 0.f);
                 }
         }
@@ -329,36 +336,39 @@ FA3C_DEVICE void store_key_columns(void *out, const int64_t *stride, float (*acc
 // column chunks of N key rows x 128 B), the chunks of its columns, 8x8
 // matrices stored transposed (store_keys_by_rows); then out to dk or dv with
 // write_staged_rows (bwd_common.cuh).
-template <int D, int FP16, int WG>
+template <int D, int FP16, int TILES, int COL0>
 FA3C_DEVICE void stage_key_columns(uint8_t *tile, float (*acc)[FA3C_BWD_BLOCK_N(D) / 2], float scale, int warp) {
-    typedef WideShare<D, WG> S;
     enum { N = FA3C_BWD_BLOCK_N(D) };
 #pragma unroll
-    for (int t = 0; t < S::KV_TILES; t++) {
+    for (int t = 0; t < TILES; t++) {
 #pragma unroll
         for (int i = 0; i < N / 2; i++) acc[t][i] *= scale;
-        store_keys_by_rows<N, 0, N, FP16>(tile + (S::KV_COL0 / 64 + t) * N * BWD_ROW_BYTES, acc[t], warp);
+        store_keys_by_rows<N, 0, N, FP16>(tile + (COL0 / 64 + t) * N * BWD_ROW_BYTES, acc[t], warp);
     }
 }
 
 // ---- consumer ----------------------------------------------------------------------
 
-template <int D, int FP16, int WG, bool SOFTCAP>
-FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<D> &sm, int n_block, int head_kv,
+template <int D, int FP16, int WG, bool SOFTCAP, int DV>
+FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<D, DV> &sm, int n_block, int head_kv,
                                    int batch) {
-    typedef WideShare<D, WG> S;
-    typedef BwdWideSmem<D> Smem;
+    typedef WideShare<D, WG, DV> S;
+    typedef BwdWideSmem<D, DV> Smem;
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    float dk[S::KV_TILES][N / 2], dv[S::KV_TILES][N / 2];
+    float dk[S::DK_TILES][N / 2], dv[S::DV_TILES][N / 2];
 #pragma unroll
-    for (int t = 0; t < S::KV_TILES; t++)
+    for (int t = 0; t < S::DK_TILES; t++)
 #pragma unroll
-        for (int i = 0; i < N / 2; i++) dk[t][i] = dv[t][i] = 0.f;
+        for (int i = 0; i < N / 2; i++) dk[t][i] = 0.f;
+#pragma unroll
+    for (int t = 0; t < S::DV_TILES; t++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) dv[t][i] = 0.f;
     if (BWD_SEQ(sm, m_begin) < BWD_SEQ(sm, m_end)) {
         mbar_wait_parity(&sm.kv_full, 0);
         if (p.seqused_k || p.cu_seqlens_k) {   // both warpgroups' zeros before any wgmma reads the tiles
-            zero_unused_key_rows<D, N>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), S::KEY0, S::NK);
+            zero_unused_key_rows<D, N, DV>(sm.k, sm.v, BWD_SEQ(sm, k_start), BWD_SEQ(sm, sk), S::KEY0, S::NK);
             named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
         }
     }
@@ -377,7 +387,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             mbar_wait_parity(&sm.do_full, it & 1);
             wgmma_fence();
         }
-        gemm_rows_by_keys<D, FP16, S::NK>(dpt, sm.dout[s_do], sm.v, S::KEY0);
+        gemm_rows_by_keys<D, FP16, S::NK, DV>(dpt, sm.dout[s_do], sm.v, S::KEY0);
         wgmma_commit();
 
         // This thread's query rows: their LSE, dsum and the keys they see.
@@ -438,7 +448,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             wgmma_fence();
             gemm_wide_dq_half<D, FP16, WG, 0>(dq, sm.ds[it % 2], sm.k);
             wgmma_commit();
-            gemm_key_grads<D, FP16, WG>(dv, sm.dout[s_do], sm.p[it % 2]);
+            gemm_key_grads<D, FP16, S::DV_TILES, S::DV_COL0>(dv, sm.dout[s_do], sm.p[it % 2]);
             wgmma_commit();
             wgmma_wait<1>();
             bwd_fence_regs<32>(dq);
@@ -452,7 +462,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
                 // dKᵀ before dQ's second half: its accumulators are free, so the pipe
                 // has dVᵀ and dKᵀ while the first half's reductions still read dq's
                 // registers, which the second half's wgmma must wait for.
-                gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+                gemm_key_grads<D, FP16, S::DK_TILES, S::DK_COL0>(dk, sm.q[s], sm.ds[it % 2]);
                 wgmma_commit();
                 gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);
                 wgmma_commit();
@@ -463,7 +473,7 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             } else {
                 gemm_wide_dq_half<D, FP16, WG, 1>(dq, sm.ds[it % 2], sm.k);
                 wgmma_commit();
-                gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+                gemm_key_grads<D, FP16, S::DK_TILES, S::DK_COL0>(dk, sm.q[s], sm.ds[it % 2]);
                 wgmma_commit();
                 wgmma_wait<2>();
                 __syncwarp();
@@ -485,8 +495,8 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
             wgmma_fence();
             gemm_wide_dq<D, FP16, WG>(dq, sm.ds[it % 2], sm.k);
             wgmma_commit();
-            gemm_key_grads<D, FP16, WG>(dv, sm.dout[s], sm.p[it % 2]);
-            gemm_key_grads<D, FP16, WG>(dk, sm.q[s], sm.ds[it % 2]);
+            gemm_key_grads<D, FP16, S::DV_TILES, S::DV_COL0>(dv, sm.dout[s], sm.p[it % 2]);
+            gemm_key_grads<D, FP16, S::DK_TILES, S::DK_COL0>(dk, sm.q[s], sm.ds[it % 2]);
             wgmma_commit();
             wgmma_wait<1>();
             bwd_fence_regs<S::DQ_N / 2>(dq);
@@ -518,51 +528,51 @@ FA3C_DEVICE void bwd_wide_consumer(const fa3c_bwd_kernel_params &p, BwdWideSmem<
         if (m == BWD_SEQ(sm, m_first)) head++;
     }
 #pragma unroll
-    for (int t = 0; t < S::KV_TILES; t++) {
-        bwd_fence_regs<N / 2>(dk[t]);
-        bwd_fence_regs<N / 2>(dv[t]);
-    }
+    for (int t = 0; t < S::DK_TILES; t++) bwd_fence_regs<N / 2>(dk[t]);
+#pragma unroll
+    for (int t = 0; t < S::DV_TILES; t++) bwd_fence_regs<N / 2>(dv[t]);
     const int k_start = BWD_SEQ(sm, k_start), own_lo = n_block * N, sk_stored = BWD_SEQ(sm, sk_stored);
     const int k_batch = BWD_SEQ(sm, k_batch), k_tok0 = BWD_SEQ(sm, k_tok0);
     if (FA3C_BWD_STAGED_EPILOGUE && p.dkv_vec16) {
         // Both warpgroups' GEMMs read other columns of K (dQ) and V (dP) than
         // their own: once both are done, the tiles take each one's dK and dV
         // columns, which it then writes out alone.
-        enum { UNITS = 8 * S::KV_TILES };
         named_bar_sync(BAR_BWD_DS_READY, 128 * FA3C_BWD_CONSUMERS);
-        stage_key_columns<D, FP16, WG>(sm.k, dk, p.softmax_scale, warp);
-        stage_key_columns<D, FP16, WG>(sm.v, dv, 1.f, warp);
+        stage_key_columns<D, FP16, S::DK_TILES, S::DK_COL0>(sm.k, dk, p.softmax_scale, warp);
+        stage_key_columns<D, FP16, S::DV_TILES, S::DV_COL0>(sm.v, dv, 1.f, warp);
         named_bar_sync(BAR_BWD_STAGED + WG, 128);
-        write_staged_rows<N, N, UNITS>(p.dk, p.dk_stride, sm.k, 0, S::KV_COL0 / 8, k_batch, head_kv, k_tok0, k_start,
-                                       own_lo, sk_stored, p.headdim);
-        write_staged_rows<N, N, UNITS>(p.dv, p.dv_stride, sm.v, 0, S::KV_COL0 / 8, k_batch, head_kv, k_tok0, k_start,
-                                       own_lo, sk_stored, p.headdim_v);
+        write_staged_rows<N, N, 8 * S::DK_TILES>(p.dk, p.dk_stride, sm.k, 0, S::DK_COL0 / 8, k_batch, head_kv, k_tok0,
+                                                 k_start, own_lo, sk_stored, p.headdim);
+        write_staged_rows<N, N, 8 * S::DV_TILES>(p.dv, p.dv_stride, sm.v, 0, S::DV_COL0 / 8, k_batch, head_kv, k_tok0,
+                                                 k_start, own_lo, sk_stored, p.headdim_v);
         return;
     }
-    store_key_columns<D, FP16, WG>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
+    store_key_columns<D, FP16, S::DK_TILES, S::DK_COL0>(p.dk, p.dk_stride, dk, p.softmax_scale, k_batch, head_kv, k_tok0, k_start, own_lo,
                                    sk_stored, p.headdim);
-    store_key_columns<D, FP16, WG>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
+    store_key_columns<D, FP16, S::DV_TILES, S::DV_COL0>(p.dv, p.dv_stride, dv, 1.f, k_batch, head_kv, k_tok0, k_start, own_lo, sk_stored,
                                    p.headdim_v);
 }
 
-template <int D, int FP16, int WG>
-FA3C_DEVICE void bwd_wide_consumer_of(const fa3c_bwd_kernel_params &p, BwdWideSmem<D> &sm, int n_block, int head_kv,
-                                      int batch) {
-    if (p.softcap != 0.f) bwd_wide_consumer<D, FP16, WG, true>(p, sm, n_block, head_kv, batch);
-    else bwd_wide_consumer<D, FP16, WG, false>(p, sm, n_block, head_kv, batch);
+template <int D, int FP16, int WG, int DV>
+FA3C_DEVICE void bwd_wide_consumer_of(const fa3c_bwd_kernel_params &p, BwdWideSmem<D, DV> &sm, int n_block,
+                                      int head_kv, int batch) {
+    if (p.softcap != 0.f) bwd_wide_consumer<D, FP16, WG, true, DV>(p, sm, n_block, head_kv, batch);
+    else bwd_wide_consumer<D, FP16, WG, false, DV>(p, sm, n_block, head_kv, batch);
 }
 
 // ---- the kernel --------------------------------------------------------------------
 
 // Grid: 1-D, p.num_n_blocks x heads_kv x batch CTAs (fa3c_bwd_tile_of_cta).
-template <int D, int FP16>
+// DV: v's head dim (BwdWideSmem, WideShare).
+template <int D, int FP16, int DV = D>
 __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __grid_constant__ fa3c_bwd_kernel_params p) {
     static_assert(D == 192 || D == 256, "the wide backward: head dims 192 and 256");
     static_assert(128 * FA3C_BWD_PRODUCER_REGS + 128 * FA3C_BWD_CONSUMERS * FA3C_BWD_CONSUMER_REGS <= 65536,
                   "setmaxnreg budgets past the register file");
     enum { M = FA3C_BWD_BLOCK_M(D), N = FA3C_BWD_BLOCK_N(D) };
     extern __shared__ uint8_t smem_raw[];
-    BwdWideSmem<D> &sm = *(BwdWideSmem<D> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    typedef BwdWideSmem<D, DV> Smem;
+    Smem &sm = *(Smem *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     int n_block, head_kv, batch;
     fa3c_bwd_tile_of_cta(blockIdx.x, p.num_n_blocks, p.heads_kv, p.batch, p.section, &n_block, &head_kv, &batch);
 
@@ -572,7 +582,7 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
             mbar_init(&sm.dq_full[0], 4 * FA3C_BWD_CONSUMERS);   // one per consumer warp
             mbar_init(&sm.dq_empty[0], 1);                       // the writer
         }
-        if (BwdWideSmem<D>::SPLIT_DO) {
+        if (Smem::SPLIT_DO) {
             mbar_init(&sm.do_full, 1);
             mbar_init(&sm.do_empty, 4 * FA3C_BWD_CONSUMERS);
         }
@@ -588,14 +598,14 @@ __global__ void __launch_bounds__(FA3C_BWD_THREADS, 1) bwd_wide_kernel(const __g
         else if (FA3C_BWD_WRITER_ON(D) && threadIdx.x == 32) bwd_dq_writer<D>(p, sm, head_kv, batch);
     } else {
         reg_alloc<FA3C_BWD_CONSUMER_REGS>();
-        if (warpgroup == 1) bwd_wide_consumer_of<D, FP16, 0>(p, sm, n_block, head_kv, batch);
-        else bwd_wide_consumer_of<D, FP16, 1>(p, sm, n_block, head_kv, batch);
+        if (warpgroup == 1) bwd_wide_consumer_of<D, FP16, 0, DV>(p, sm, n_block, head_kv, batch);
+        else bwd_wide_consumer_of<D, FP16, 1, DV>(p, sm, n_block, head_kv, batch);
     }
 }
 
 // Dynamic smem a launch needs (the +1024 lets the kernel align the base).
-template <int D>
+template <int D, int DV = D>
 static size_t bwd_wide_smem_bytes(void) {
-    static_assert(sizeof(BwdWideSmem<D>) + 1024 <= 227 * 1024, "the wide backward kernel's smem exceeds a block's");
-    return sizeof(BwdWideSmem<D>) + 1024;
+    static_assert(sizeof(BwdWideSmem<D, DV>) + 1024 <= 227 * 1024, "the wide backward kernel's smem exceeds a block's");
+    return sizeof(BwdWideSmem<D, DV>) + 1024;
 }
