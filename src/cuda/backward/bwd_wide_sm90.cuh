@@ -24,8 +24,9 @@
 // group's heads), split by head-dim columns: warpgroup 0 holds columns
 // 0-127, warpgroup 1 the rest (128-255, or 128-191 at hdim 192); dQ's
 // columns are split the other way round (warpgroup 1 the last 128), so at
-// hdim 192 the two warpgroups' GEMM work is 8 : 7. They are written once
-// at the end, dK scaled.
+// hdim 192 the two warpgroups' GEMM work is 8 : 7 (with a v of 128 for
+// MLA, template DV, dV's columns split 64 / 64: WideShare). They are
+// written once at the end, dK scaled.
 #pragma once
 #include "wgmma.cuh"
 #include "softmax.cuh"   // probs_to_fragments
