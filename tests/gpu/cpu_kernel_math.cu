@@ -9,6 +9,9 @@
 //     with packed sequences, short ones, seqused_k, causal and windows.
 //   - The deterministic dQ's turns: the key blocks that see a query block are
 //     a contiguous range starting at first_key_block.
+//   - The wide kernel's shares (WideShare): the two warpgroups' dK, dV and dQ
+//     columns cover each head dim once, MLA's v of 128 at hdim 192 included,
+//     with equal GEMM work there.
 //   - The fp8 forward: P's fragment bytes (fp8_fragment_source) carry the keys
 //     Vᵀ's slots hold (fa3c_fp8_key_of_slot); its mask bounds
 //     (fp8_row_columns), key-block range (fp8_key_blocks) and blocks without
@@ -371,6 +374,39 @@ TEST(fp8_unmasked_blocks_are_seen_whole) {
             }
     CHECK(errors == 0, "%d blocks where fp8_unmasked_blocks and the mask disagree", errors);
     CHECK(whole_blocks > 100, "only %d blocks seen whole: the cases test too little", whole_blocks);
+}
+
+// The wide backward's shares: warpgroup 0's and 1's columns of dK, dV and
+// dQ tile [0, D), [0, DV) and [0, D) exactly once, and its smem holds v and
+// dO DV wide.
+template <int D, int DV>
+static int wide_share_errors(int *work) {
+    typedef WideShare<D, 0, DV> A;
+    typedef WideShare<D, 1, DV> B;
+    int seen_k[256] = {0}, seen_v[256] = {0}, seen_q[256] = {0}, errors = 0;
+    for (int c = 0; c < 64 * A::DK_TILES; c++) seen_k[A::DK_COL0 + c]++;
+    for (int c = 0; c < 64 * B::DK_TILES; c++) seen_k[B::DK_COL0 + c]++;
+    for (int c = 0; c < 64 * A::DV_TILES; c++) seen_v[A::DV_COL0 + c]++;
+    for (int c = 0; c < 64 * B::DV_TILES; c++) seen_v[B::DV_COL0 + c]++;
+    for (int c = 0; c < A::DQ_N; c++) seen_q[A::DQ_COL0 + c]++;
+    for (int c = 0; c < B::DQ_N; c++) seen_q[B::DQ_COL0 + c]++;
+    for (int c = 0; c < 256; c++)
+        errors += seen_k[c] != (c < D) || seen_v[c] != (c < DV) || seen_q[c] != (c < D);
+    errors += sizeof(((BwdWideSmem<D, DV> *)0)->v) != (size_t)BwdWideSmem<D, DV>::N * DV * 2;
+    errors += sizeof(((BwdWideSmem<D, DV> *)0)->dout[0]) != (size_t)BwdWideSmem<D, DV>::M * DV * 2;
+    work[0] = A::DK_TILES + A::DV_TILES + A::DQ_N / 64;   // 64-column tiles of each warpgroup
+    work[1] = B::DK_TILES + B::DV_TILES + B::DQ_N / 64;
+    return errors;
+}
+
+TEST(bwd_wide_shares_cover_the_columns) {
+    int w192[2], w256[2], mla[2];
+    const int e192 = wide_share_errors<192, 192>(w192), e256 = wide_share_errors<256, 256>(w256);
+    const int e_mla = wide_share_errors<192, 128>(mla);
+    CHECK(e192 == 0, "hdim 192: the shares miss or repeat columns (%d errors)", e192);
+    CHECK(e256 == 0, "hdim 256: the shares miss or repeat columns (%d errors)", e256);
+    CHECK(e_mla == 0, "hdim 192 with v 128: the shares miss or repeat columns (%d errors)", e_mla);
+    CHECK(mla[0] == mla[1], "hdim 192 with v 128: warpgroup tiles %d and %d, want equal", mla[0], mla[1]);
 }
 
 // ex2_poly against exp2 in double: within 1e-4 relative where 2^x is a
