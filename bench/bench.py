@@ -61,12 +61,17 @@ except ImportError:
     sys.path.insert(0, os.path.join(REPO, "python"))
     import fa3c
 
-IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step", "fa3c_nosink"]
+IMPL_ORDER = ["fa3c", "fa3c_torch", "cudnn", "fa2", "mem_eff", "flex", "fa3", "torch_step", "fa3c_nosink",
+              "fa3c_fp8_call", "fa3c_fp8_blocks"]
 # Shapes with implementations of their own: the paged decode runs fa3c alone (the others
 # have no paged cache; its contiguous row has them), the decode step fa3c and torch_step.
 KIND_IMPLS = {"decode_paged": ("fa3c",), "decode_step": ("fa3c", "torch_step"), "sinks": ("fa3c", "fa3c_nosink"),
               "chunked": ("fa3c",)}
 BASE_IMPL = {"decode_step": "torch_step", "sinks": "fa3c_nosink"}   # the ratio column's baseline (else cuDNN)
+# Implementations that run only on these kinds of shape: a baseline of their own, or fp8's one-call paths
+# (fa3c.fp8_attention from the bf16 tensors: quantization, with the rotation, and the e4m3 forward).
+ONLY_FOR = {"torch_step": ("decode_step",), "fa3c_nosink": ("sinks",), "fa3c_fp8_call": ("fp8",),
+            "fa3c_fp8_blocks": ("fp8",)}
 REF_ORDER = ["cudnn", "fa2", "mem_eff", "math"]  # first that runs is the reference
 
 
@@ -128,6 +133,8 @@ def make_shapes(args):
         out.append(shape("sinks", 1, 64, 64, 2, 2, 64, True, dtype=args.dtype))
         if not args.no_mla:
             out.append(shape("mla", 1, 64, 64, 2, 2, 32, True, dtype=args.dtype, dv=16))
+        if not args.no_fp8:
+            out.append(shape("fp8", 1, 128, 128, 2, 2, 128, False, dtype="fp8", bwd=False))
         return out
     if args.quick:
         grid = [(128, False, 2048), (128, True, 2048), (128, False, 8192), (128, True, 8192),
@@ -237,6 +244,18 @@ def setup_fa3c(sh, inp):
         fc.run()
         return Runner(fc.run, lambda: fc.run()[0])
     return _setup_fa3c_call(sh, inp, inp.get("sinks"))
+
+
+def _setup_fa3c_fp8_call(block_scales):
+    """fp8's one call for bf16 holders: fa3c.fp8_attention on the bf16 values (quantization with the
+    Hadamard rotation, then the e4m3 forward), timed whole: the cost beside the kernel's row."""
+    def setup(sh, inp):
+        if sh["kind"] != "fp8":
+            raise NotImplementedError("the one-call fp8 path runs the fp8 shapes only")
+        q, k, v = inp["deq"]
+        f = lambda: fa3c.fp8_attention(q, k, v, causal=sh["causal"], block_scales=block_scales)  # noqa: E731
+        return Runner(f, f)
+    return setup
 
 
 def setup_fa3c_nosink(sh, inp):
@@ -475,7 +494,8 @@ def step_reference(sh, inp):
 
 SETUP = {"fa3c": setup_fa3c, "fa3c_torch": setup_fa3c_torch, "cudnn": _sdpa_setup("cudnn"),
          "fa2": _sdpa_setup("fa2"), "mem_eff": _sdpa_setup("mem_eff"), "math": _sdpa_setup("math"),
-         "flex": setup_flex, "fa3": setup_fa3, "torch_step": setup_torch_step, "fa3c_nosink": setup_fa3c_nosink}
+         "flex": setup_flex, "fa3": setup_fa3, "torch_step": setup_torch_step, "fa3c_nosink": setup_fa3c_nosink,
+         "fa3c_fp8_call": _setup_fa3c_fp8_call(False), "fa3c_fp8_blocks": _setup_fa3c_fp8_call(True)}
 
 
 # ---- checks ------------------------------------------------------------------------------
@@ -593,8 +613,7 @@ def run_shape(sh, impls, timer, log, deadline):
         ref_name, ref_out = "float32 step", step_reference(sh, inp)
     if sh["kind"] == "chunked":
         ref_name, ref_out = "float32 per sequence", chunked_reference(sh, inp)
-    impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and
-             (i not in ("torch_step", "fa3c_nosink") or i in KIND_IMPLS.get(sh["kind"], ()))]
+    impls = [i for i in impls if i in KIND_IMPLS.get(sh["kind"], IMPL_ORDER) and sh["kind"] in ONLY_FOR.get(i, (sh["kind"],))]
     if "fa3c" in impls and BASE_IMPL.get(sh["kind"]) not in (None, *impls):
         impls.append(BASE_IMPL[sh["kind"]])   # these rows' ratio is to their own baseline: run it too
     sink_refs = {}
@@ -765,7 +784,9 @@ def markdown(results, impls, targets=None):
               ("chunked", "fwd", "Chunked prefill, %s: every fourth sequence a chunk of sq queries, the others one "
                "decode token, sk - 37 i keys for sequence i (fa3c; ratio to the packed contiguous keys, page 0)" % dt,
                "tflops"),
-              ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values)", "tflops")]
+              ("fp8", "fwd", "fp8 e4m3 forward (peers: bf16 on the dequantized values; fa3c_fp8_call and "
+               "fa3c_fp8_blocks: fa3c.fp8_attention from those bf16 values, quantization with the rotation "
+               "included, per-head and per-block scales)", "tflops")]
     for kind, direction, title, metric in titles:
         table = by.get((kind, direction))
         if not table:
@@ -920,7 +941,7 @@ def main():
         if i not in SETUP:
             ap.error("unknown implementation %r" % i)
     if args.device == "cpu":
-        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step", "fa3c_nosink")]
+        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step", "fa3c_nosink", "fa3c_fp8_call", "fa3c_fp8_blocks")]
     fa3_desc = load_fa3(args.fa3_path) if "fa3" in impls else None
     if fa3_desc is None and "fa3" in impls:
         impls.remove("fa3")  # not importable: no column of "skipped"
