@@ -46,11 +46,11 @@ static fa3c_status launch_bwd(const fa3c_bwd_kernel_params *p, cudaStream_t stre
         p->num_m_blocks * block_m != p->rows_pad || p->block_n != FA3C_BWD_BLOCK_N(D) ||
         p->num_n_blocks != (p->seqlen_k + FA3C_BWD_BLOCK_N(D) - 1) / FA3C_BWD_BLOCK_N(D) || p->section < 1 ||
         FA3C_BWD_KERNEL_HEADDIM(p->headdim > p->headdim_v ? p->headdim : p->headdim_v) != D || p->headdim_v > DV)
-        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d): the host planned %d-row query blocks "
-                          "and %d-key CTAs of head dim %d; this kernel was built for %d rows and %d keys (FA3C_BWD_* "
-                          "knobs differ between the C and CUDA flags)", D,
+        return fa3c_error(FA3C_STATUS_INTERNAL_ERROR, "backward kernel (hdim %d, v %d): the host planned %d-row query "
+                          "blocks and %d-key CTAs of head dims %d / %d; this kernel was built for %d rows and %d keys "
+                          "(FA3C_BWD_* knobs differ between the C and CUDA flags)", D, DV,
                           p->rows_pad / (p->num_m_blocks > 0 ? p->num_m_blocks : 1), p->block_n, p->headdim,
-                          FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
+                          p->headdim_v, FA3C_BWD_BLOCK_M(D), FA3C_BWD_BLOCK_N(D));
     fa3c_status s = prepare_launch(kernel, smem, FA3C_BWD_THREADS, budget, regs, "backward kernel", D);
     if (s != FA3C_STATUS_OK) return s;
     const dim3 grid((unsigned)((int64_t)p->num_n_blocks * p->heads_kv * p->batch));   // < 2^31: checked by the host
