@@ -464,17 +464,14 @@ def fp8_attention(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1,
     if hadamard and signs is None:
         signs = _default_signs(d)
     rot = dict(hadamard=hadamard, signs=signs if hadamard else None, backend=backend)
-    attn = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                backend=backend)
-    if block_scales:
-        rows = _lib.FP8_BLOCK_ROWS
-        q8, qd = quantize_fp8(q, block_rows=rows, **rot)
-        k8, kd = quantize_fp8(k, block_rows=rows, **rot)
-        v8, vd = quantize_fp8(v, block_rows=rows, backend=backend)
-        out, lse = forward(q8, k8, v8, q_block_descale=qd, k_block_descale=kd, v_block_descale=vd, **attn)
-    else:
-        q8, qd = quantize_fp8(q, group=heads_q // heads_kv if heads_kv else 1, **rot)
-        k8, kd = quantize_fp8(k, **rot)
-        v8, vd = quantize_fp8(v, backend=backend)
-        out, lse = forward(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, **attn)
+    # Per block: q's descales per query head (group 1), all three named *_block_descale.
+    rows = _lib.FP8_BLOCK_ROWS if block_scales else 0
+    q_group = 1 if block_scales or not heads_kv else heads_q // heads_kv
+    q8, qd = quantize_fp8(q, group=q_group, block_rows=rows, **rot)
+    k8, kd = quantize_fp8(k, block_rows=rows, **rot)
+    v8, vd = quantize_fp8(v, block_rows=rows, backend=backend)
+    kind = "_block_descale" if block_scales else "_descale"
+    descales = {"q" + kind: qd, "k" + kind: kd, "v" + kind: vd}
+    out, lse = forward(q8, k8, v8, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                       softcap=softcap, backend=backend, **descales)
     return (out, lse) if return_lse else out
