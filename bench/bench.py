@@ -941,7 +941,7 @@ def main():
         if i not in SETUP:
             ap.error("unknown implementation %r" % i)
     if args.device == "cpu":
-        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", "torch_step", "fa3c_nosink", "fa3c_fp8_call", "fa3c_fp8_blocks")]
+        impls = [i for i in impls if i in ("fa3c", "fa3c_torch", *ONLY_FOR)]   # fa3c's own calls and baselines
     fa3_desc = load_fa3(args.fa3_path) if "fa3" in impls else None
     if fa3_desc is None and "fa3" in impls:
         impls.remove("fa3")  # not importable: no column of "skipped"
