@@ -806,7 +806,7 @@ TEST(bwd_seqused_q) {
     run_case("packed seqused_q, a tile over token 0", c);
 }
 
-// Small shapes of every path, for compute-sanitizer (tools/gpu_bwd_fp8.sh):
+// Small shapes of every path, for compute-sanitizer (tools/gpu.sh bwd-fp8):
 // ragged blocks, packed sequences with shifted tiles, seqused_k's NaN rows,
 // deterministic turns, GQA.
 static void run_small_cases(const char *which, int d_causal, int d_packed) {

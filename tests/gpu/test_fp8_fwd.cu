@@ -368,7 +368,7 @@ TEST(fp8_fwd_block_descales) {
     run_case("blocks softcap, no head descales", c);
 }
 
-// Small shapes for compute-sanitizer (tools/gpu_bwd_fp8.sh): ragged blocks,
+// Small shapes for compute-sanitizer (tools/gpu.sh bwd-fp8): ragged blocks,
 // causal GQA, both head dims.
 TEST(fp8_fwd_small) {
     REQUIRE_CUDA_FP8();

@@ -638,7 +638,7 @@ TEST(fwd_cluster_pairs) {
     run_cluster_cases(cases, sizeof cases / sizeof cases[0]);
 }
 
-// A few small paired shapes for compute-sanitizer (tools/gpu_cluster.sh):
+// A few small paired shapes for compute-sanitizer (tools/experiments/cluster.sh):
 // a plain pair, and O staged in the V ring with one key block per tile.
 TEST(fwd_cluster_pairs_small) {
     REQUIRE_SM90();
@@ -886,7 +886,7 @@ TEST(fwd_seqused_k_decode) {
     run_case("mqa 8 hdim64, sq 4, causal", c);
 }
 
-// Small enough for compute-sanitizer (tools/gpu_check.sh).
+// Small enough for compute-sanitizer (tools/gpu.sh check).
 TEST(fwd_seqused_k_small) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
@@ -945,7 +945,7 @@ TEST(fwd_paged_kv) {
              paged_case(used_case(causal_case(BF16, 8, 256, 300, 10, 256), 300, 161, 256, 1), 1));
 }
 
-// Small enough for compute-sanitizer (tools/gpu_check.sh).
+// Small enough for compute-sanitizer (tools/gpu.sh check).
 TEST(fwd_paged_kv_small) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
@@ -1277,7 +1277,7 @@ TEST(fwd_packed_sequences_split_kv) {
 // causal diagonal aligned to them; the rows past them are NaN in q and must
 // stay unwritten in out and lse. Packed queries and (batch, seqlen_q) ones,
 // GQA packed into a tile's rows, split-KV (the combine skips those rows too),
-// every head dim. Small enough for compute-sanitizer (tools/gpu_check.sh).
+// every head dim. Small enough for compute-sanitizer (tools/gpu.sh check).
 TEST(fwd_seqused_q) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();
@@ -1412,7 +1412,7 @@ TEST(fwd_padded_head_dims) {
     run_packed_case("hdim 176 packed sequences causal", p);
 }
 
-// Small enough for compute-sanitizer (tools/gpu_check.sh).
+// Small enough for compute-sanitizer (tools/gpu.sh check).
 TEST(fwd_packed_sequences_small) {
     REQUIRE_SM90();
     REQUIRE_VARLEN_KERNELS();

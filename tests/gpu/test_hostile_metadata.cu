@@ -2,7 +2,7 @@
 // host cannot read it, so the kernels must keep every access inside the
 // tensors the caller described. Each case below returns (any status), leaves
 // no CUDA error behind, and writes nothing outside its outputs (poisoned
-// guards on both sides); under compute-sanitizer memcheck (tools/gpu_check.sh)
+// guards on both sides); under compute-sanitizer memcheck (tools/gpu.sh check)
 // it also reads nothing outside any allocation. What the outputs hold is not
 // asserted: the inputs are not the caller's valid data. What reports them is
 // fa3c_fwd_check_device / fa3c_bwd_check_device, run on the same params

@@ -43,7 +43,7 @@
 #define FA3C_FWD_CONSUMER_REGS_VARLEN(D) (FA3C_FWD_CONSUMERS(D) == 2 ? 232 : 160)
 #define FA3C_FWD_REG_POOL(D) (FA3C_FWD_THREADS(D) * ((65536 / FA3C_FWD_THREADS(D)) / 8 * 8))
 
-/* Overridable with -D for tuning runs (tools/gpu_check.sh variants). */
+/* Overridable with -D for tuning runs (tools/gpu.sh check variants). */
 #ifndef FA3C_FWD_BLOCK_N_64
 #define FA3C_FWD_BLOCK_N_64 128
 #endif
@@ -196,7 +196,7 @@
 #define FA3C_FWD_SHORT_CAUSAL_KEYS_256 1024
 #endif
 
-/* Speed-of-light ablations for tools/gpu_tune.sh only: they give WRONG outputs
+/* Speed-of-light ablations for tools/gpu.sh tune only: they give WRONG outputs
  * (the GPU tests fail with them). 1: no softmax at all (P = S, O never
  * rescaled), so the loop is the GEMMs, the barriers and the conversion to
  * 16 bits; 2: the softmax without its exponentials (max, scale, sum kept).
@@ -212,7 +212,7 @@
 
 /* 1: the kernel stamps the clock at each phase of every key block in its
  * first CTAs, and the launcher writes the stamps to $FA3C_TRACE_OUT
- * (trace.cuh, tools/gpu_trace.sh). For measurement builds only: it adds a
+ * (trace.cuh, tools/gpu.sh trace). For measurement builds only: it adds a
  * few stores per key block. 0 (default): compiled out. */
 #ifndef FA3C_FWD_TRACE
 #define FA3C_FWD_TRACE 0

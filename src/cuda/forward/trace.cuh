@@ -1,4 +1,4 @@
-// Cycle stamps of the forward kernel's phases, for tools/gpu_trace.sh: where
+// Cycle stamps of the forward kernel's phases, for tools/gpu.sh trace: where
 // a warpgroup's time goes per key block (waiting for K/V, for its turn, for
 // S, the softmax, the wait for P·V, the conversion) and at tile edges.
 // Only in builds with -DFA3C_FWD_TRACE=1 (fwd_tiles.h); otherwise trace()
@@ -9,7 +9,7 @@
 // (0: not recorded). Roles 0-3 are consumer warpgroups, 4 the producer. The
 // key-block index is the role's ring counter, which runs over every tile of
 // the CTA. The launcher (fwd_launch.cuh) writes the array to the file
-// $FA3C_TRACE_OUT after each call; tools/trace_report.py reads it.
+// $FA3C_TRACE_OUT after each call; tools/gpu/trace_report.py reads it.
 #pragma once
 #include "ptx.cuh"
 #include "fwd_tiles.h"

@@ -2,12 +2,12 @@
 # Phase trace of the forward kernel on the GPU machine: builds fa3c-run with
 # -DFA3C_FWD_TRACE=1 (src/cuda/forward/trace.cuh) and without, runs a few shapes of
 # the bench/PEERS.md grid with each, and prints per shape the plain and traced
-# TFLOPS (the trace's cost) and tools/trace_report.py's table: median cycles
+# TFLOPS (the trace's cost) and tools/gpu/trace_report.py's table: median cycles
 # per phase of a key block, of a tile's first block and of its end, and
 # FLOP per clock per SM of the traced CTAs (clock-independent, unlike TFLOPS
 # under the card's power cap). With TRACE_ABLATE=1 (default) also a traced
 # build without the softmax (FA3C_FWD_ABLATE_SOFTMAX=1: wrong outputs).
-#   bash tools/gpu_trace.sh            (TRACE_SHAPES=quick for three shapes, or
+#   bash tools/gpu.sh trace            (TRACE_SHAPES=quick for three shapes, or
 #   a list of shape labels, e.g. "h256_nc_8k h256_nc_512" or "dec_h128_8k dec_h128_32k";
 #   TRACE_FLAGS="-DKNOB=V" adds knobs to every build)
 set -u
@@ -40,7 +40,7 @@ shape() {
   p=$(timeout 60 build-trace-plain/fa3c-run "${args[@]}" 2>>"$OUT/run.log" | perf)
   t=$(FA3C_TRACE_OUT="$OUT/$label.trace" timeout 60 "build-trace-$variant/fa3c-run" "${args[@]}" 2>>"$OUT/run.log" | perf)
   echo "== $label ($variant): plain ${p:-?} TFLOPS, traced ${t:-?} TFLOPS"
-  [ -f "$OUT/$label.trace" ] && python3 tools/trace_report.py "$OUT/$label.trace" --block-flops $((4 * 64 * bn * hd))
+  [ -f "$OUT/$label.trace" ] && python3 tools/gpu/trace_report.py "$OUT/$label.trace" --block-flops $((4 * 64 * bn * hd))
 }
 {
   shape h128_nc_8k 128 128 2 8192 16

@@ -10,7 +10,7 @@
 #     unless CHECK_ALL=1);
 #   - with NCU=1 (default; "new" only unless NCU_ALL=1) ncu's
 #     gpu__time_duration of each backward kernel of one call.
-#   AB_TREES="old:.ab/old" SHAPES="64:512 128:512c" bash tools/gpu_bwd_breakdown.sh
+#   AB_TREES="old:.ab/old" SHAPES="64:512 128:512c" bash tools/gpu.sh bwd-breakdown
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"

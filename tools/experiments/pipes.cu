@@ -6,7 +6,7 @@
 // 16-bit ex2 forms (one instruction, two values), 2^x as a cubic on the FMA
 // pipe (exp2_poly), and a mix of 3 MUFU ex2 to 1 cubic (per value).
 // One CTA of W warps, 8 independent chains per thread.
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o gpu_pipes tools/gpu_pipes.cu && ./gpu_pipes
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o gpu_pipes tools/experiments/pipes.cu && ./gpu_pipes
 #include <cstdio>
 #include <cuda_runtime.h>
 

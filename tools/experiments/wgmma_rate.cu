@@ -5,7 +5,7 @@
 // per 32 tensor clocks at 2048 FMA/clk)? One CTA per SM, W consumer
 // warpgroups issuing back-to-back wgmmas over a K of 64 (4 k-steps of 16)
 // into one accumulator, 16 per commit group.
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -Isrc/cuda/common -o gpu_wgmma_rate tools/gpu_wgmma_rate.cu
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -Isrc/cuda/common -o gpu_wgmma_rate tools/experiments/wgmma_rate.cu
 //   ./gpu_wgmma_rate
 #include <cstdio>
 #include <cuda_runtime.h>

@@ -3,7 +3,7 @@
 # benchmark. Full logs go to $OUT (default ./gpu-out); a short table is printed
 # last. Every GPU command runs under `timeout`, and the test build traps on a
 # stuck barrier wait (FA3C_DEBUG_HANGS), so a deadlock costs seconds.
-#   bash tools/gpu_check.sh [quick|full]   (quick: fewer benchmark shapes)
+#   bash tools/gpu.sh check [quick|full]   (quick: fewer benchmark shapes)
 # EXTRA_FLAGS="-DKNOB=V ...": compile-time knobs (src/cuda/forward/fwd_tiles.h) for
 # both builds, to test an experiment's correctness before it becomes a default.
 # A short call: GPU_TEST_REGEX (ctest -R: only those GPU tests),

@@ -6,9 +6,9 @@
 # GPU tests (fwd_cluster_pairs runs the shapes that pair up; every
 # case twice, bit-identical) and
 # compute-sanitizer memcheck and racecheck on small paired shapes, and the
-# streaming ceiling of single CTAs against pairs (gpu_l2_stream.cu). Logs to
+# streaming ceiling of single CTAs against pairs (l2_stream.cu). Logs to
 # $OUT/cluster; a short summary is printed last. Time it against the default
-# build with tools/gpu_tune.sh "base:" "cluster:-DFA3C_FWD_CLUSTER=2".
+# build with tools/gpu.sh tune "base:" "cluster:-DFA3C_FWD_CLUSTER=2".
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 L="$OUT/cluster"
@@ -29,9 +29,9 @@ timeout 180 $B/tests/test_fwd fwd_cluster_pairs >"$L/fwd_cluster_pairs.log" 2>&1
 echo "== fwd_cluster_pairs: rc=$? $(grep -cE 'runs identical 1' "$L/fwd_cluster_pairs.log") cases bit-identical, $(grep -cE 'FAIL|SKIPPED' "$L/fwd_cluster_pairs.log") failed or skipped"
 (cd $B && timeout 300 ctest -L gpu --output-on-failure --timeout 120 -j1) >"$L/gpu_tests_all.log" 2>&1
 echo "== all GPU tests in the cluster build: $(grep -E 'tests passed|tests failed' "$L/gpu_tests_all.log" | tail -1)"
-# The streaming ceiling of the ring's loads, single CTAs against pairs (tools/gpu_l2_stream.cu).
+# The streaming ceiling of the ring's loads, single CTAs against pairs (tools/experiments/l2_stream.cu).
 timeout 120 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda/common \
-  -o $B/gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/common/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
+  -o $B/gpu_l2_stream tools/experiments/l2_stream.cu src/cuda/common/tensor_map.c src/error.c >"$L/l2_stream.log" 2>&1 &&
   timeout 60 $B/gpu_l2_stream >>"$L/l2_stream.log" 2>&1
 echo "== L2 streaming (gpu_l2_stream): rc=$?"; grep -E "^(mode|single|pairs)" "$L/l2_stream.log" | sed 's/^/   /'
 if command -v compute-sanitizer >/dev/null; then

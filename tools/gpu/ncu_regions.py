@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Warp-stall samples of an ncu source page, summed per stretch of SASS.
 
-tools/gpu_profile.sh writes source_sass.csv.gz (ncu --page source --csv
+tools/gpu.sh profile writes source_sass.csv.gz (ncu --page source --csv
 --print-source sass). This splits the kernel's SASS at the instructions that
 mark the algorithm's steps (barrier waits and arrivals, wgmma waits, HGMMA,
 TMA, branches) and prints each stretch with its samples, the marker's own
 samples (a wait's samples are time spent waiting) and its execution count,
 largest first, so the time can be placed without reading 4000 lines:
-    python3 tools/ncu_regions.py source_sass.csv.gz [--top 40]
+    python3 tools/gpu/ncu_regions.py source_sass.csv.gz [--top 40]
 """
 import argparse, csv, gzip
 

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The kernels written while no GPU was lent, off by default until this
-# passes: the backward (FA3C_CUDA_BWD, docs/BACKWARD.md) and the fp8 forward
-# (FA3C_CUDA_FP8, docs/FP8.md). One call on the GPU machine:
+# The backward (docs/BACKWARD.md) and the fp8 forward (docs/FP8.md) at every
+# head dim, with more cases than `check` gives them. One call on the GPU machine:
 #   1. a hang-trap test build with both on (bf16/fp16 at every backward head
 #      dim, or BWD_FP8_INSTANCES: the e4m3 instances come with them);
 #   2. the step tests (test_wgmma: the backward's dQ GEMM, the e4m3 GEMMs

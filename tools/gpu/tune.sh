@@ -6,7 +6,7 @@
 # card's clock between runs hits every variant alike. The table printed last
 # has the median TFLOPS per variant over the rounds and, for each variant,
 # the spread (max - min) in percent: a difference smaller than the spread is noise.
-#   bash tools/gpu_tune.sh "name[@srcdir]:-DKNOB=V -DKNOB2=W[:inst1;inst2]" ...
+#   bash tools/gpu.sh tune "name[@srcdir]:-DKNOB=V -DKNOB2=W[:inst1;inst2]" ...
 # "name@dir" builds another source tree (e.g. an export of an older commit:
 # git archive HEAD~1 | tar -x -C .ab/old), to compare versions in one run.
 # TUNE_INSTANCES: default instance list; TUNE_BENCH_ARGS: extra bench flags

@@ -3,7 +3,7 @@
 # power-limited (clock below the boost clock) and does a peer run at a higher
 # clock on the same shape? fa3c (fa3c-run), cuDNN (torch SDPA) and a bf16
 # GEMM, each for ~4 s, sampled by nvidia-smi every 50 ms; medians printed.
-#   bash tools/gpu_clocks.sh FA3C_RUN_BINARY [hdim seqlen batch heads causal]
+#   bash tools/gpu.sh clocks FA3C_RUN_BINARY [hdim seqlen batch heads causal]
 set -u
 bin=$1; D=${2:-128}; S=${3:-8192}; B=${4:-2}; H=${5:-16}; C=${6:-0}
 OUT=${OUT:-$PWD/gpu-out}

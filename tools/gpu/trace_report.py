@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarise a forward-kernel trace (FA3C_FWD_TRACE=1 builds, src/cuda/forward/trace.cuh).
 
-    python3 tools/trace_report.py TRACE [--block-flops F] [--timeline N]
+    python3 tools/gpu/trace_report.py TRACE [--block-flops F] [--timeline N]
 
 Per consumer warpgroup, over the traced CTAs: the median cycles of each phase
 of a key block in the steady state (not a tile's first block), of a tile's

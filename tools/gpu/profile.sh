@@ -2,7 +2,7 @@
 # Nsight Compute profile of one forward call on the GPU machine, with
 # per-instruction warp-stall sampling (SourceCounters), to place the stalls in
 # the SASS. Builds one instance (bf16 hdim 128 by default) without tests.
-#   bash tools/gpu_profile.sh [extra fa3c-run args, e.g. --causal]
+#   bash tools/gpu.sh profile [extra fa3c-run args, e.g. --causal]
 # PROFILE_INSTANCES picks the instances, PROFILE_FLAGS extra -D knobs,
 # PROFILE_KERNEL the kernel (default fwd_kernel; bwd_kernel with --backward,
 # fwd_fp8_kernel with --dtype e4m3) and PROFILE_OBJ its object's name prefix

@@ -7,7 +7,7 @@
 // two CTAs of a pair would), heads round-robin; the 16 heads' K (8 MB) stay
 // in the L2. Consumers only wait for each tile and release its slot.
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I include -I src -I src/cuda/common \
-//     -o gpu_l2_stream tools/gpu_l2_stream.cu src/cuda/common/tensor_map.c src/error.c && ./gpu_l2_stream
+//     -o gpu_l2_stream tools/experiments/l2_stream.cu src/cuda/common/tensor_map.c src/error.c && ./gpu_l2_stream
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -1,7 +1,7 @@
 # fa3c-run, the command-line runner (included from the top-level CMakeLists.txt).
 # With the CUDA backend it also gets the CUDA runtime, to place inputs in
-# device memory; otherwise tools/device_mem.c compiles to a stub.
-add_executable(fa3c-run tools/fa3c_run.c tools/row_check.c tools/device_mem.c)
+# device memory; otherwise tools/cli/device_mem.c compiles to a stub.
+add_executable(fa3c-run tools/cli/fa3c_run.c tools/cli/row_check.c tools/cli/device_mem.c)
 target_link_libraries(fa3c-run PRIVATE fa3c m)
 target_compile_options(fa3c-run PRIVATE -Wall -Wextra)
 if(FA3C_HAVE_CUDA)

@@ -1,6 +1,6 @@
 // Cycles of the forward kernel's softmax step (src/cuda/common/softmax.cuh:
 // softmax_step + probs_to_fragments) on one SM, to compare with the
-// in-kernel time that tools/gpu_trace.sh measures:
+// in-kernel time that tools/gpu.sh trace measures:
 // (1) in isolation, W warps (4 = one consumer warpgroup, one warp per SM
 //     sub-partition; 8 = two warpgroups at once). Each step's scores are a
 //     fixed set plus a loop-carried term, so nothing can be hoisted; the
@@ -9,7 +9,7 @@
 // (2) one warpgroup's softmax while a second warpgroup keeps the tensor
 //     cores busy with chained m64n128k16 wgmma (A from smem or from
 //     registers, as Q·Kᵀ and P·V use them), and that GEMM's rate alone.
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I src/cuda/common -I src/cuda/forward -o gpu_softmax tools/gpu_softmax.cu
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I src/cuda/common -I src/cuda/forward -o gpu_softmax tools/experiments/softmax.cu
 #include <cstdio>
 #include <cuda_runtime.h>
 #include "softmax.cuh"

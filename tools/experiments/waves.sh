@@ -5,7 +5,7 @@
 # follows the rounds (ceil(tiles / 132)) rather than the tiles, a partly empty
 # last round is costing that much. The 16k shapes take most of the time:
 # fa3c-run fills its inputs on the host (about 5 minutes in all).
-#   bash tools/gpu_waves.sh
+#   bash tools/experiments/waves.sh
 set -u
 J=$(nproc)
 cmake -S . -B build-waves -DFA3C_BUILD_TESTS=OFF "-DFA3C_INSTANCES=bf16_hdim64;bf16_hdim128;bf16_hdim256" >/dev/null 2>&1 && cmake --build build-waves -j$J --target fa3c-run >/dev/null 2>&1 || echo build failed
