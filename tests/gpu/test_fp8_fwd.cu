@@ -368,6 +368,37 @@ TEST(fp8_fwd_block_descales) {
     run_case("blocks softcap, no head descales", c);
 }
 
+// Head dims below an instance's run on the next one up (FA3C_FP8_KERNEL_HEADDIM):
+// q's and k's columns past the head dim and Vᵀ's rows are TMA's zeros, O's
+// columns past it are not written (run_case: every element checked, nothing
+// outside written). A head dim that is no multiple of 32 says so.
+TEST(fp8_fwd_padded_head_dims) {
+    REQUIRE_CUDA_FP8();
+    fp8_case c = fcase(1, 200, 260, 4, 2, 64);
+    c.causal = 1;
+    run_case("hdim 64 causal GQA", c);
+    run_case("hdim 96", fcase(2, 130, 300, 2, 2, 96));
+    run_case("hdim 32", fcase(1, 64, 100, 2, 2, 32));
+    c = fcase(1, 300, 300, 2, 1, 192);
+    c.blocks = 1;
+    run_case("hdim 192 blocks", c);
+    c = fcase(1, 150, 200, 2, 2, 160);
+    c.softcap = 5.f;
+    c.window_left = 60;
+    c.window_right = 0;
+    run_case("hdim 160 softcap window", c);
+
+    fa3c_fwd_params p;
+    fa3c_fwd_params_init(&p);
+    tu_problem_shape(&p.problem, FA3C_DTYPE_E4M3, 1, 8, 8, 1, 1, 80);
+    p.problem.softmax_scale = 1.f;
+    static uint16_t dummy[8 * 80] __attribute__((aligned(16)));
+    p.q = p.k = p.v = p.out = tu_tensor(dummy, 1, 8, 1, 80);
+    const fa3c_status st = fa3c_cuda_fwd_supported(&p);
+    CHECK(st == FA3C_STATUS_NOT_SUPPORTED && strstr(fa3c_last_error(), "multiples of 32"),
+          "hdim 80: %s, '%s'", fa3c_status_string(st), fa3c_last_error());
+}
+
 // Small shapes for compute-sanitizer (tools/gpu.sh bwd-fp8): ragged blocks,
 // causal GQA, both head dims.
 TEST(fp8_fwd_small) {

@@ -48,12 +48,13 @@ fa3c_status fa3c_cuda_fwd_fp8_supported(const fa3c_fwd_params *p) {
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
                           "CUDA forward: this build leaves the e4m3 kernels off (-DFA3C_CUDA_FP8=OFF; configure with "
                           "-DFA3C_CUDA_FP8=ON, or use backend CPU)");
-    if (!FA3C_FP8_HEADDIM_OK(pr->headdim))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: e4m3 with headdim %d is not supported yet (128, 256)",
-                          pr->headdim);
-    if (!find_fp8(pr->headdim, fp8_block_scales(p)))
-        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: no e4m3 kernel for headdim %d in this build (see "
-                          "FA3C_INSTANCES)", pr->headdim);
+    const int kd = FA3C_FP8_KERNEL_HEADDIM(pr->headdim);
+    if (!kd)
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED,
+                          "CUDA forward: e4m3 with headdim %d is not supported (multiples of 32 up to 256)", pr->headdim);
+    if (!find_fp8(kd, fp8_block_scales(p)))
+        return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: no e4m3 kernel for headdim %d in this build (it runs "
+                          "on the hdim-%d instance; see FA3C_INSTANCES)", pr->headdim, kd);
     if (pr->cu_seqlens_q || pr->cu_seqlens_k || pr->seqused_k || pr->page_table)
         return fa3c_error(FA3C_STATUS_NOT_SUPPORTED, "CUDA forward: e4m3 with cu_seqlens, seqused_k or a paged KV cache "
                           "is not supported yet");
@@ -75,7 +76,7 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
     fa3c_status s = fa3c_cuda_fwd_fp8_supported(p);
     if (s != FA3C_STATUS_OK) return s;
     const fa3c_problem *pr = &p->problem;
-    const int d = pr->headdim;
+    const int d = pr->headdim, kd = FA3C_FP8_KERNEL_HEADDIM(d);   /* kd: the kernel's, d rounded up */
     const int keys_pad = (pr->seqlen_k + FA3C_FP8_BLOCK_N - 1) / FA3C_FP8_BLOCK_N * FA3C_FP8_BLOCK_N;
 
     /* Vᵀ: (batch, heads_kv, headdim, keys_pad) bytes, stream-ordered scratch. */
@@ -101,14 +102,15 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
 
     fa3c_fp8_kernel_params k;
     memset(&k, 0, sizeof k);
-    /* Vᵀ as a (batch, rows = headdim, heads_kv, columns = keys_pad) tensor of bytes. */
+    /* Vᵀ as a (batch, rows = headdim, heads_kv, columns = keys_pad) tensor of bytes. The boxes are the
+     * kernel's (kd columns of q and k, kd rows of Vᵀ): past d, TMA fills zeros. */
     fa3c_tensor vt_tensor = {vt, {(int64_t)pr->heads_kv * d * keys_pad, keys_pad, (int64_t)d * keys_pad, 1}};
     if ((s = fa3c_tensor_map_rows(&k.q_map, "q", &p->q, 1, pr->batch, pr->seqlen_q, pr->heads_q, d, 128,
                                   FA3C_FP8_BLOCK_M)) ||
         (s = fa3c_tensor_map_rows(&k.k_map, "k", &p->k, 1, pr->batch, pr->seqlen_k, pr->heads_kv, d, 128,
                                   FA3C_FP8_BLOCK_N)) ||
         (s = fa3c_tensor_map_rows(&k.vt_map, "v (transposed)", &vt_tensor, 1, pr->batch, d, pr->heads_kv, keys_pad,
-                                  128, d))) {
+                                  128, kd))) {
         cudaFreeAsync(vt, (cudaStream_t)stream);
         return s;
     }
@@ -131,9 +133,10 @@ fa3c_status fa3c_cuda_fwd_fp8(const fa3c_fwd_params *p, void *stream) {
     k.softcap = pr->softcap;
     k.window_left = pr->window_left;
     k.window_right = fa3c_window_right(pr);
+    k.headdim = d;
 
     s = fa3c_fp8_transpose_v(&t, stream);
-    if (s == FA3C_STATUS_OK) s = find_fp8(d, fp8_block_scales(p))(&k, stream);
+    if (s == FA3C_STATUS_OK) s = find_fp8(kd, fp8_block_scales(p))(&k, stream);
     cudaFreeAsync(vt, (cudaStream_t)stream);
     return s;
 }

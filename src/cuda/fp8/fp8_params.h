@@ -11,8 +11,8 @@ extern "C" {
 #endif
 
 /* Tiles: 128 query rows per CTA (two consumer warpgroups of 64), key blocks
- * of 128, a ring of K and Vᵀ tiles (FA3C_FP8_STAGES); head dims 128 and 256
- * (rows of 128 or 256 bytes: whole 128-byte swizzle chunks). */
+ * of 128, a ring of K and Vᵀ tiles (FA3C_FP8_STAGES); kernels for head dims
+ * 128 and 256 (rows of 128 or 256 bytes: whole 128-byte swizzle chunks). */
 #define FA3C_FP8_BLOCK_M 128
 #define FA3C_FP8_BLOCK_N 128
 /* 1: the consumers overlap softmax(n) with their own P·V(n-1) and take
@@ -65,7 +65,13 @@ extern "C" {
 #define FA3C_FP8_THREADS 384
 #define FA3C_FP8_PRODUCER_REGS 24
 #define FA3C_FP8_CONSUMER_REGS 240
+/* The kernel instances' head dims. */
 #define FA3C_FP8_HEADDIM_OK(d) ((d) == 128 || (d) == 256)
+/* The instance that runs a call's head dim d: any multiple of 32 up to 256
+ * (fp8_prep.cu's V transpose moves tiles of 32 columns), on the next
+ * instance up; the columns past d are TMA's zero fill, which adds nothing to
+ * Q·Kᵀ or P·V, and O's past d are not written. 0: none. */
+#define FA3C_FP8_KERNEL_HEADDIM(d) ((d) <= 0 || (d) % 32 != 0 ? 0 : (d) <= 128 ? 128 : (d) <= 256 ? 256 : 0)
 
 typedef struct fa3c_fp8_kernel_params {
     /* e4m3 boxes of 128 bytes (columns) with the 128-byte swizzle: Q of 128
@@ -84,6 +90,7 @@ typedef struct fa3c_fp8_kernel_params {
     float softmax_scale;
     float softcap;                   /* 0 = off */
     int window_left, window_right;   /* -1 = unbounded; causal is right = 0 (bottom-right aligned) */
+    int headdim;                     /* the call's, at most the kernel's (FA3C_FP8_KERNEL_HEADDIM): O's columns */
 } fa3c_fp8_kernel_params;
 
 /* fp8_prep.cu: V (batch, seqlen_k, heads_kv, headdim), element strides, to

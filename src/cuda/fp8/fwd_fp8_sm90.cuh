@@ -440,7 +440,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
     }
 
     // O / sum · v_descale (and the last key block's, O's unit) in bf16, and
-    // the LSE; rows past the end are not written.
+    // the LSE; rows past the end and columns past p.headdim are not written.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = st.sum[r];
@@ -452,8 +452,9 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + (int64_t)row * p.out_stride[1] +
                             head * p.out_stride[2] + 2 * t;
 #pragma unroll
-            for (int c = 0; c < D / 8; c++)
-                *(uint32_t *)(out + 8 * c) = pack_bf16x2(o[4 * c + 2 * r] * scale, o[4 * c + 2 * r + 1] * scale);
+            for (int c = 0; c < D / 8; c++)   // a call of a smaller head dim: its columns only
+                if (8 * c < p.headdim)
+                    *(uint32_t *)(out + 8 * c) = pack_bf16x2(o[4 * c + 2 * r] * scale, o[4 * c + 2 * r + 1] * scale);
             if (p.lse && t == 0) {
                 // log2 of the row's sum of exp2(score) = max - 8 + log2(sum), in natural units.
                 const float lse = sum > 0.f ? (st.max[r] - 8.f + lg2_approx(sum)) * 0.6931471805599453f : -INFINITY;
