@@ -5,7 +5,8 @@
 // where the naive fp8 forward (below) rounds the probabilities to e4m3 (as
 // the kernel does, scaled to [0, 256]) before P·V and the output to bf16.
 // The LSE (from f32 scores) within 2e-3; outputs poisoned first and every
-// element written; two runs bit-identical; nothing written outside.
+// element written; two runs bit-identical; nothing written outside, nor in
+// the columns between one head's row of out and the next.
 //
 // A build with -DFA3C_CUDA_FP8=OFF leaves the CUDA e4m3 kernels off: then
 // these tests skip and say so.
@@ -168,7 +169,11 @@ static void run_case(const char *label, fp8_case c) {
     float *naive = (float *)tu_alloc(sizeof(float) * nq);
     fp8_naive(&c, &p.problem, f[0], f[1], f[2], naive);
 
-    // The GPU, twice, into poisoned output between guards.
+    // The GPU, twice, into poisoned output between guards; each head's row
+    // of out is followed by OPAD poisoned columns, which must stay so (a
+    // padded head dim writes only its own columns).
+    enum { OPAD = 32 };
+    const int64_t DO = D + OPAD, nqo = B * SQ * HQ * DO;
     void *d8[3], *ddesc[3], *dbdesc[3];
     for (int t = 0; t < 3; t++) {
         d8[t] = to_device(h8[t], (size_t)n[t]);
@@ -178,18 +183,20 @@ static void run_case(const char *label, fp8_case c) {
     const int64_t guard = 4096;
     void *dout_alloc = NULL;
     float *dlse = NULL;
-    CUDA_OK(cudaMalloc(&dout_alloc, (nq + 2 * guard) * 2));
+    CUDA_OK(cudaMalloc(&dout_alloc, (nqo + 2 * guard) * 2));
     CUDA_OK(cudaMalloc((void **)&dlse, nlse * 4));
     uint16_t *gout[2] = {(uint16_t *)tu_alloc(nq * 2), (uint16_t *)tu_alloc(nq * 2)};
+    uint16_t *gpad = (uint16_t *)tu_alloc(nqo * 2);
+    int64_t pad_written = 0;
     float *glse = (float *)tu_alloc(nlse * 4);
     for (int run = 0; run < 2; run++) {
-        CUDA_OK(cudaMemset(dout_alloc, 0xFF, (nq + 2 * guard) * 2));
+        CUDA_OK(cudaMemset(dout_alloc, 0xFF, (nqo + 2 * guard) * 2));
         CUDA_OK(cudaMemset(dlse, 0xFF, nlse * 4));
         fa3c_fwd_params g = p;
         g.q = tu_tensor(d8[0], B, SQ, HQ, D);
         g.k = tu_tensor(d8[1], B, SK, HK, D);
         g.v = tu_tensor(d8[2], B, SK, HK, D);
-        g.out = tu_tensor((char *)dout_alloc + guard * 2, B, SQ, HQ, D);
+        g.out = (fa3c_tensor){(char *)dout_alloc + guard * 2, {SQ * HQ * DO, HQ * DO, DO, 1}};
         g.lse = dlse;
         if (c.descales) {   // else NULL: the kernel's own 1
             g.q_descale = (const float *)ddesc[0];
@@ -206,7 +213,11 @@ static void run_case(const char *label, fp8_case c) {
         CHECK(st == FA3C_STATUS_OK, "fa3c_fwd(CUDA, e4m3): %s: %s", fa3c_status_string(st), fa3c_last_error());
         if (st != FA3C_STATUS_OK) return;
         CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaMemcpy(gout[run], (char *)dout_alloc + guard * 2, nq * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(gpad, (char *)dout_alloc + guard * 2, nqo * 2, cudaMemcpyDeviceToHost));
+        for (int64_t row = 0; row < B * SQ * HQ; row++) {
+            memcpy(gout[run] + row * D, gpad + row * DO, D * 2);
+            for (int64_t j = D; j < DO; j++) pad_written += gpad[row * DO + j] != 0xFFFF;
+        }
         if (run == 0) CUDA_OK(cudaMemcpy(glse, dlse, nlse * 4, cudaMemcpyDeviceToHost));
     }
     float *gf = (float *)tu_alloc(sizeof(float) * nq);
@@ -230,7 +241,7 @@ static void run_case(const char *label, fp8_case c) {
     uint16_t *guards = (uint16_t *)tu_alloc(guard * 2);
     int64_t guard_written = 0;
     for (int side = 0; side < 2; side++) {
-        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + nq : 0) * 2, guard * 2, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(guards, (char *)dout_alloc + (side ? guard + nqo : 0) * 2, guard * 2, cudaMemcpyDeviceToHost));
         for (int64_t i = 0; i < guard; i++) guard_written += guards[i] != 0xFFFF;
     }
     printf("    max err %.3g (naive fp8 %.3g, bound %.3g, max|ref| %.3g), rel L2 %.3g (naive %.3g), LSE max err %.3g\n",
@@ -240,6 +251,7 @@ static void run_case(const char *label, fp8_case c) {
     CHECK(lse_bad == 0, "%lld LSE values off (max err %g)", (long long)lse_bad, lse_err);
     CHECK(memcmp(gout[0], gout[1], nq * 2) == 0, "two runs on the same inputs differ: a race");
     CHECK(guard_written == 0, "%lld elements written outside the output", (long long)guard_written);
+    CHECK(pad_written == 0, "%lld elements written in the columns past the head dim", (long long)pad_written);
 
     cudaFree(dout_alloc);
     cudaFree(dlse);
@@ -252,7 +264,7 @@ static void run_case(const char *label, fp8_case c) {
         free(h8[t]);
         free(f[t]);
     }
-    free(ref); free(ref_lse); free(naive); free(gout[0]); free(gout[1]); free(glse); free(gf); free(guards);
+    free(ref); free(ref_lse); free(naive); free(gout[0]); free(gout[1]); free(glse); free(gf); free(guards); free(gpad);
 }
 
 // The V transpose alone (fp8_prep.cu) against the host's: strided V
@@ -400,13 +412,15 @@ TEST(fp8_fwd_padded_head_dims) {
 }
 
 // Small shapes for compute-sanitizer (tools/gpu.sh bwd-fp8): ragged blocks,
-// causal GQA, both head dims.
+// causal GQA, both kernels' head dims and a padded one on each.
 TEST(fp8_fwd_small) {
     REQUIRE_CUDA_FP8();
     fp8_case c = fcase(1, 70, 150, 4, 2, 128);
     c.causal = 1;
     run_case("small causal GQA", c);
     run_case("small hdim 256", fcase(1, 40, 33, 2, 2, 256));
+    run_case("small hdim 96 (padded)", fcase(1, 50, 70, 2, 1, 96));
+    run_case("small hdim 160 (padded)", fcase(1, 33, 140, 2, 2, 160));
     c = fcase(1, 200, 150, 2, 1, 128);
     c.blocks = 1;
     run_case("small blocks", c);

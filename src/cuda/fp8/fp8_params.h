@@ -76,7 +76,8 @@ extern "C" {
 typedef struct fa3c_fp8_kernel_params {
     /* e4m3 boxes of 128 bytes (columns) with the 128-byte swizzle: Q of 128
      * rows, K of 128 keys, Vᵀ (the transposed copy fp8_prep.cu writes) of
-     * headdim rows x 128 keys. Rows past the end read as zeros. */
+     * the kernel's head dim in rows x 128 keys. Rows past the end, and the
+     * columns (Vᵀ: rows) past a smaller call's head dim, read as zeros. */
     CUtensorMap q_map, k_map, vt_map;
     void *out;                       /* bf16, element strides (batch, seqlen, heads), even */
     int64_t out_stride[3];

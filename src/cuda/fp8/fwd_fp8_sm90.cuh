@@ -452,7 +452,7 @@ FA3C_DEVICE void fp8_consumer(const fa3c_fp8_kernel_params &p, Fp8Smem<D> &sm, i
             uint16_t *out = (uint16_t *)p.out + batch * p.out_stride[0] + (int64_t)row * p.out_stride[1] +
                             head * p.out_stride[2] + 2 * t;
 #pragma unroll
-            for (int c = 0; c < D / 8; c++)   // a call of a smaller head dim: its columns only
+            for (int c = 0; c < D / 8; c++)   // a smaller head dim's columns only (a multiple of 32: whole chunks)
                 if (8 * c < p.headdim)
                     *(uint32_t *)(out + 8 * c) = pack_bf16x2(o[4 * c + 2 * r] * scale, o[4 * c + 2 * r + 1] * scale);
             if (p.lse && t == 0) {
