@@ -37,6 +37,7 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
     if (p.dq_semaphore) return;
     const int m_begin = BWD_SEQ(sm, m_begin), m_end = BWD_SEQ(sm, m_end), m_first = BWD_SEQ(sm, m_first);
     const int blocks = m_end - m_begin;
+    const uint64_t policy = FA3C_BWD_DQ_EVICT_LAST ? l2_policy_evict_last() : 0;
     for (int it = 0; it < p.group * blocks; it++) {
         const int head = head_kv * p.group + it / blocks, m = bwd_walk_block(it, m_begin, m_end, m_first);
         float *tile = bwd_dq_tile<D, M>(p, batch, head, m);
@@ -45,7 +46,8 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
         const int b = it % BUFS;
         mbar_wait_parity(&sm.dq_full[b], (it / BUFS) & 1);
         if (flag && (FA3C_BWD_DQ_CLAIM_EARLY ? claimed == 0 : atomicCAS(flag, 0, 1) == 0)) {
-            bulk_store(tile, sm.dq[b], BYTES);
+            if (FA3C_BWD_DQ_EVICT_LAST) bulk_store_hint(tile, sm.dq[b], BYTES, policy);
+            else bulk_store(tile, sm.dq[b], BYTES);
             tma_store_commit();
             tma_store_wait_read();
             mbar_arrive(&sm.dq_empty[b]);
@@ -58,7 +60,8 @@ FA3C_DEVICE void bwd_dq_writer(const fa3c_bwd_kernel_params &p, Smem &sm, int he
             wait_counter_at_least(flag, 2);
             fence_proxy_async_global();
         }
-        bulk_reduce_add_f32(tile, sm.dq[b], BYTES);
+        if (FA3C_BWD_DQ_EVICT_LAST) bulk_reduce_add_f32_hint(tile, sm.dq[b], BYTES, policy);
+        else bulk_reduce_add_f32(tile, sm.dq[b], BYTES);
         tma_store_commit();
         tma_store_wait_read();
         mbar_arrive(&sm.dq_empty[b]);

@@ -151,6 +151,13 @@
 #ifndef FA3C_BWD_DQ_CLAIM_EARLY
 #define FA3C_BWD_DQ_CLAIM_EARLY 1
 #endif
+/* 1: the writer's stores and reductions of dQ into the fp32 accumulator
+ * carry an L2 evict-last policy (FA3's choice for its dQ reductions), so the
+ * tiles the other key blocks of the head are about to add to stay in the
+ * L2; 0: no hint. An experiment until its A/B (docs/KNOBS.md). */
+#ifndef FA3C_BWD_DQ_EVICT_LAST
+#define FA3C_BWD_DQ_EVICT_LAST 0
+#endif
 
 /* The wide kernel's 80-key form without softcap: P computed and stored as
  * soon as S is done, while dP's GEMM runs (FA3's order; the narrow kernel's

@@ -452,6 +452,27 @@ FA3C_DEVICE void bulk_store(void *dst, const void *src, uint32_t bytes) {
                  : "memory");
 }
 
+// An L2 policy under which the lines an access touches are evicted after
+// normal ones (createpolicy, the whole access), for the cache_hint forms.
+FA3C_DEVICE uint64_t l2_policy_evict_last(void) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// bulk_reduce_add_f32 and bulk_store with an L2 policy (l2_policy_evict_last).
+FA3C_DEVICE void bulk_reduce_add_f32_hint(float *dst, const float *src, uint32_t bytes, uint64_t policy) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;" ::"l"(
+                     dst),
+                 "r"(smem_addr(src)), "r"(bytes), "l"(policy)
+                 : "memory");
+}
+FA3C_DEVICE void bulk_store_hint(void *dst, const void *src, uint32_t bytes, uint64_t policy) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(dst),
+                 "r"(smem_addr(src)), "r"(bytes), "l"(policy)
+                 : "memory");
+}
+
 // Order this thread's async-proxy global accesses (completed bulk copies)
 // with its generic-proxy ones, both ways.
 FA3C_DEVICE void fence_proxy_async_global(void) { asm volatile("fence.proxy.async.global;" ::: "memory"); }
