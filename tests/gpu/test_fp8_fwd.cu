@@ -383,7 +383,7 @@ TEST(fp8_fwd_block_descales) {
 // Head dims below an instance's run on the next one up (FA3C_FP8_KERNEL_HEADDIM):
 // q's and k's columns past the head dim and Vᵀ's rows are TMA's zeros, O's
 // columns past it are not written (run_case: every element checked, nothing
-// outside written). A head dim that is no multiple of 32 says so.
+// outside written). A head dim that is no multiple of 32 says so (below).
 TEST(fp8_fwd_padded_head_dims) {
     REQUIRE_CUDA_FP8();
     fp8_case c = fcase(1, 200, 260, 4, 2, 64);
@@ -399,7 +399,10 @@ TEST(fp8_fwd_padded_head_dims) {
     c.window_left = 60;
     c.window_right = 0;
     run_case("hdim 160 softcap window", c);
+}
 
+TEST(fp8_fwd_head_dim_not_supported) {
+    REQUIRE_CUDA_FP8();
     fa3c_fwd_params p;
     fa3c_fwd_params_init(&p);
     tu_problem_shape(&p.problem, FA3C_DTYPE_E4M3, 1, 8, 8, 1, 1, 80);
